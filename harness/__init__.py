@@ -1,0 +1,30 @@
+"""The launcher harness: typed steps, the launch context, hardware and platform rules, the CLI.
+
+A launcher imports what it needs from here; see ``launchers/cpu/run_tiny_qwen3_lora.py``.
+"""
+
+from harness.context import LaunchContext, Plan, build_plan
+from harness.errors import LaunchError
+from harness.launcher import Launcher, LauncherArgs, arg
+from harness.ray_job import execute_train, flags, wandb_flags
+from harness.steps import HubDownload, ProcessCleanup, RayJobSubmit, RayStart, RayStop, Shell, Step
+
+__all__ = [
+    "HubDownload",
+    "LaunchContext",
+    "LaunchError",
+    "Launcher",
+    "LauncherArgs",
+    "Plan",
+    "ProcessCleanup",
+    "RayJobSubmit",
+    "RayStart",
+    "RayStop",
+    "Shell",
+    "Step",
+    "arg",
+    "build_plan",
+    "execute_train",
+    "flags",
+    "wandb_flags",
+]

@@ -1,0 +1,150 @@
+"""A launcher's command line: its dataclass becomes a typer app, one subcommand per entrypoint.
+
+``python -m launchers.<path> <entrypoint> [--field value ...] [--dry-run]``. Every field is an
+option with its help text; ``GRPO_LAUNCHER_<FIELD>`` sets it from the environment; ``Literal``
+fields take only their choices. ``--dry-run`` prints what would run on this host and runs
+nothing. Any bad input is one line on stderr and exit status 2, with nothing launched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from harness.context import Plan, build_plan
+from harness.errors import LaunchError
+from harness.host import HostView, local_host
+from harness.launcher import Launcher, flag
+from harness.record import recording_of
+
+ENV_PREFIX = "GRPO_LAUNCHER_"
+LiveRunner = Callable[[Plan], int]
+
+
+def run(
+    launcher: Launcher,
+    argv: list[str] | None = None,
+    *,
+    live: LiveRunner | None = None,
+    host: Callable[[], HostView] = local_host,
+) -> int:
+    """Parse `argv`, build and validate the plan, then print it (``--dry-run``) or run it live.
+
+    Returns the exit status. `live` (default: `harness.live.execute_plan`) and `host` are
+    parameters so tests can choose the runner and the host view explicitly.
+    """
+    prog = f"python -m {launcher.module}"
+    command = typer.main.get_command(build_app(launcher, live, host))
+    try:
+        status = command.main(
+            args=sys.argv[1:] if argv is None else argv, prog_name=prog, standalone_mode=False
+        )
+    except typer.TyperException as err:
+        message = err.format_message().replace("Value error, ", "")
+        return _fail(prog, message, getattr(err, "exit_code", 2))
+    except LaunchError as err:
+        return _fail(prog, str(err), 2)
+    except KeyboardInterrupt:
+        return _fail(prog, "interrupted", 130)
+    return status if isinstance(status, int) else 0
+
+
+def _fail(prog: str, message: str, status: int) -> int:
+    if "\n\n" in message:  # the usage text typer shows for a bare invocation
+        print(message, file=sys.stderr)
+    else:
+        print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
+    return status
+
+
+def build_app(
+    launcher: Launcher, live: LiveRunner | None, host: Callable[[], HostView]
+) -> typer.Typer:
+    app = typer.Typer(
+        help=(
+            f"{launcher.summary}\n\nEvery option can also be set as an environment variable "
+            f"{ENV_PREFIX}<OPTION> (say {ENV_PREFIX}NUM_NODES=2)."
+        ),
+        add_completion=False,
+        no_args_is_help=True,
+        rich_markup_mode=None,
+        pretty_exceptions_enable=False,
+    )
+    app.callback()(_no_op)  # a group even with one entrypoint: the subcommand is always named
+    for function in launcher.entrypoints:
+        app.command(name=function.__name__.replace("_", "-"), help=inspect.getdoc(function))(
+            _entrypoint_command(launcher, function.__name__, live, host)
+        )
+    return app
+
+
+def _no_op() -> None:
+    """The group's callback."""
+
+
+def _entrypoint_command(
+    launcher: Launcher, entrypoint: str, live: LiveRunner | None, host: Callable[[], HostView]
+) -> Callable[..., int]:
+    def command(**values: Any) -> int:
+        dry_run = values.pop("dry_run")
+        args = launcher.args(**values)
+        plan = build_plan(launcher, entrypoint, args, host(), dry_run=dry_run)
+        for note in plan.notes:
+            print(note, file=sys.stderr)
+        if dry_run:
+            sys.stdout.write(recording_of(plan).text)
+            return 0
+        if live is None:
+            from harness.live import execute_plan
+
+            return execute_plan(plan)
+        return live(plan)
+
+    parameters = [*_field_parameters(launcher.args), _DRY_RUN]
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in parameters}
+    return command
+
+
+_DRY_RUN = inspect.Parameter(
+    "dry_run",
+    inspect.Parameter.KEYWORD_ONLY,
+    annotation=bool,
+    default=typer.Option(False, "--dry-run", help="print what would run on this host; run nothing"),
+)
+
+
+def _field_parameters(args_type: type) -> list[inspect.Parameter]:
+    hints = typing.get_type_hints(args_type)
+    parameters = []
+    for field in dataclasses.fields(args_type):
+        option = flag(field.name)
+        if hints[field.name] is bool:
+            option = f"{option}/--no-{option[2:]}"
+        default = (
+            field.default_factory()
+            if field.default is dataclasses.MISSING
+            and field.default_factory is not dataclasses.MISSING
+            else field.default
+        )
+        parameters.append(
+            inspect.Parameter(
+                field.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=hints[field.name],
+                default=typer.Option(
+                    default,
+                    option,
+                    help=field.metadata.get("help"),
+                    envvar=ENV_PREFIX + field.name.upper(),
+                    show_envvar=False,
+                ),
+            )
+        )
+    return parameters

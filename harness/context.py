@@ -1,0 +1,143 @@
+"""The launch context an entrypoint emits into, and the plan it yields.
+
+`build_plan` runs an entrypoint against a host view, then validates what it emitted (at least
+one step; every ``python3 train.py`` argv accepted by ``trainer.arguments.parse_args``). Only a
+validated plan reaches a runner, so bad input records and launches nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from harness.errors import LaunchError
+from harness.hardware import Hardware, get_hardware, match_hardware
+from harness.host import HostView, record_host
+from harness.launcher import Launcher, LauncherArgs, path_fields
+from harness.steps import Step, train_py_argv
+
+
+@dataclass
+class LaunchContext:
+    """Passed to every entrypoint: the launcher, the host view, and the steps emitted so far.
+
+    `dry_run` is set when the plan will be printed rather than run: an undetectable GPU then
+    falls back to the recorded hardware with a note instead of failing.
+    """
+
+    launcher: Launcher
+    host: HostView
+    dry_run: bool = False
+    steps: list[Step] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    hardware: Hardware | None = None
+
+    def emit(self, step: Step) -> None:
+        self.steps.append(step)
+
+    def note(self, message: str) -> None:
+        """One line for the user on stderr (never part of a recording)."""
+        self.notes.append(message)
+
+    def resolve_hardware(self, requested: str) -> Hardware:
+        """`requested`, or for ``auto`` the recorded hardware (record host) or the detected one."""
+        launcher = self.launcher
+        if requested != "auto":
+            name = requested
+        elif self.host.detect is None:
+            name = launcher.recorded_hardware
+        else:
+            description = self.host.detect()
+            detected = match_hardware(description) if description else None
+            if detected is not None:
+                name = detected.name
+            elif self.dry_run:
+                name = launcher.recorded_hardware
+                found = "found no GPU" if not description else "cannot tell which GPU this is"
+                self.note(f"--hardware auto {found} on this host; showing {name}, the recording's")
+            elif not description:
+                raise LaunchError("--hardware auto found no GPU on this node; pass --hardware")
+            else:
+                first = description.strip().splitlines()[0]
+                raise LaunchError(f"--hardware auto cannot tell which GPU {first!r} is; pass it")
+        if name not in launcher.supported_hardware:
+            raise LaunchError(
+                f"{launcher.module} supports {', '.join(launcher.supported_hardware)}, not {name}"
+            )
+        self.hardware = get_hardware(name)
+        return self.hardware
+
+    def gpus_per_node(self, hardware: Hardware, override: int | None) -> int:
+        """`override`, else the count of visible devices on a live host, else the hardware's."""
+        if not hardware.gpus_per_node:
+            if override is not None:
+                raise LaunchError(f"{hardware.name} has no GPU; drop --num-gpus-per-node")
+            return 0
+        if override is not None:
+            count, source = override, "--num-gpus-per-node"
+        elif visible := self.host.visible_devices(hardware.vendor):
+            source, count = visible
+            if not count:
+                raise LaunchError(f"{source} is set but names no device")
+        else:
+            return hardware.gpus_per_node
+        if count > hardware.gpus_per_node:
+            raise LaunchError(
+                f"{source} asks for {count} GPUs; "
+                f"a {hardware.name} node has {hardware.gpus_per_node}"
+            )
+        return count
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated list of steps: what one entrypoint of a launcher will do on one host."""
+
+    launcher: Launcher
+    entrypoint: str
+    hardware: Hardware
+    host: HostView
+    steps: tuple[Step, ...]
+    notes: tuple[str, ...] = ()
+
+
+def resolve_args(args: LauncherArgs, host: HostView) -> LauncherArgs:
+    """Absolute paths on `host` and a run id: what entrypoints see."""
+    values = {name: host.path(getattr(args, name)) for name in path_fields(args)}
+    return dataclasses.replace(args, run_id=args.run_id or host.run_id, **values)
+
+
+def build_plan(
+    launcher: Launcher,
+    entrypoint: str,
+    args: LauncherArgs | None = None,
+    host: HostView | None = None,
+    *,
+    dry_run: bool = False,
+) -> Plan:
+    """Run `entrypoint` of `launcher` on `host` (default: the record host) and validate it."""
+    function = launcher.entrypoint(entrypoint)
+    host = host or record_host()
+    ctx = LaunchContext(launcher, host, dry_run=dry_run)
+    function(ctx, resolve_args(args or launcher.args(), host))
+    if not ctx.steps:
+        raise LaunchError(f"{launcher.module} {function.__name__} emitted no step")
+    check_train_argv(ctx.steps, function.__name__)
+    declared = args.hardware if args and args.hardware != "auto" else launcher.recorded_hardware
+    hardware = ctx.hardware or get_hardware(declared)
+    return Plan(launcher, function.__name__, hardware, host, tuple(ctx.steps), tuple(ctx.notes))
+
+
+def check_train_argv(steps: Sequence[Step], where: str) -> None:
+    """The argv contract: train.py's own parser must accept every train.py argv in `steps`."""
+    from trainer.arguments import UsageError, parse_args
+
+    for step in steps:
+        argv = train_py_argv(step)
+        if argv is None:
+            continue
+        try:
+            parse_args(argv)
+        except UsageError as err:
+            raise LaunchError(f"{where}: train.py would reject its argv: {err}") from None

@@ -1,0 +1,175 @@
+"""What a launcher file declares: its arguments (a dataclass) and its entrypoints.
+
+A launcher module defines a frozen dataclass deriving from `LauncherArgs`, entrypoint functions
+``def name(ctx: LaunchContext, args: Args) -> None`` that emit steps, and one module-level
+``LAUNCHER = Launcher(...)``; see ``launchers/cpu/run_tiny_qwen3_lora.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
+
+from harness.errors import LaunchError
+from harness.hardware import get_hardware
+
+if TYPE_CHECKING:
+    from harness.context import LaunchContext
+
+Entrypoint = Callable[["LaunchContext", Any], None]
+
+_ENV_ITEM = re.compile(r",(?=[A-Za-z_][A-Za-z0-9_]*=)")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def arg(default: Any, help: str, *, path: bool = False) -> Any:
+    """A launcher field: its default and its ``--help`` text; `path` fields are made absolute
+    on the launch host (``~`` is that host's home)."""
+    return field(default=default, metadata={"help": help, "path": path})
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field name: ``lora_rank`` -> ``--lora-rank``."""
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class LauncherArgs:
+    """Fields every launcher has. A launcher narrows `hardware` to a ``Literal`` of its choices."""
+
+    hardware: str = arg("auto", "GPU model; auto detects it on the node")
+    num_nodes: int = arg(1, "nodes of the Ray cluster (more than 1 needs --ray-address)")
+    num_gpus_per_node: int | None = arg(
+        None, "GPUs per node to use [default: the visible devices, else all of the hardware's]"
+    )
+    model_dir: str = arg("~/models", "directory of downloaded models", path=True)
+    data_dir: str = arg("~/datasets", "directory of downloaded data sets", path=True)
+    output_dir: str = arg(
+        "~/outputs", "run outputs; <output-dir>/<run-id> holds checkpoints and metrics", path=True
+    )
+    run_id: str | None = arg(None, "name of this run [default: the launch time]")
+    ray_address: str | None = arg(
+        None, "job server of a running Ray cluster (http://HEAD:8265): submit there, start no Ray"
+    )
+    ray_port: int = arg(6379, "port of the Ray head this launcher starts")
+    dashboard_port: int = arg(8265, "dashboard and job-server port of the Ray head it starts")
+    wandb_mode: Literal["online", "offline", "disabled"] = arg(
+        "online", "wandb logging; online needs WANDB_API_KEY in the environment"
+    )
+    wandb_project: str = arg("grpo-lora", "wandb project")
+    extra_env: str = arg("", "extra environment of the job: NAME=VALUE[,NAME=VALUE...]")
+    extra_args: str = arg("", "extra train.py flags, appended last (shell syntax)")
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1:
+            raise LaunchError(f"--num-nodes must be >= 1 (got {self.num_nodes})")
+        if self.num_gpus_per_node is not None and self.num_gpus_per_node < 1:
+            raise LaunchError(f"--num-gpus-per-node must be >= 1 (got {self.num_gpus_per_node})")
+        for name in ("ray_port", "dashboard_port"):
+            if not 0 < getattr(self, name) < 65536:
+                raise LaunchError(f"{flag(name)} must be a TCP port (got {getattr(self, name)})")
+        if self.run_id is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.run_id):
+            raise LaunchError(
+                f"--run-id must be letters, digits, '.', '_' or '-' ({self.run_id!r})"
+            )
+        if self.ray_address is not None and not self.ray_address.strip():
+            raise LaunchError("--ray-address must not be empty")
+        _ = self.extra_env_vars, self.extra_argv
+
+    @property
+    def extra_env_vars(self) -> dict[str, str]:
+        """`extra_env` as a mapping; a value may contain commas (``A=x,y,B=z``)."""
+        env: dict[str, str] = {}
+        for item in _ENV_ITEM.split(self.extra_env.strip()) if self.extra_env.strip() else []:
+            name, eq, value = item.partition("=")
+            if not eq or not _ENV_NAME.match(name.strip()):
+                raise LaunchError(f"--extra-env items must be NAME=VALUE (got {name.strip()!r})")
+            env[name.strip()] = value
+        return env
+
+    @property
+    def extra_argv(self) -> list[str]:
+        try:
+            return shlex.split(self.extra_args)
+        except ValueError as err:
+            raise LaunchError(f"--extra-args: {err}") from None
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """The declaration at the end of a launcher module.
+
+    `recorded_hardware` is what the snapshot represents (`auto` resolves to it when recording);
+    the supported hardware is the ``Literal`` of the args' `hardware` field, minus ``auto``.
+    """
+
+    args: type[LauncherArgs]
+    entrypoints: tuple[Entrypoint, ...]
+    recorded_hardware: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entrypoints", tuple(self.entrypoints))
+        if not self.entrypoints:
+            raise TypeError("a launcher needs at least one entrypoint")
+        if len(set(self.entrypoint_names)) != len(self.entrypoints):
+            raise TypeError(f"entrypoint names repeat: {self.entrypoint_names}")
+        get_hardware(self.recorded_hardware)
+        if self.recorded_hardware not in self.supported_hardware:
+            raise TypeError(
+                f"recorded hardware {self.recorded_hardware} is not among the supported "
+                f"{self.supported_hardware}"
+            )
+
+    @cached_property
+    def module(self) -> str:
+        """Import name of the launcher module, also when it runs as ``python -m``."""
+        name = self.entrypoints[0].__module__
+        spec = getattr(sys.modules.get(name), "__spec__", None)
+        return spec.name if spec is not None else name
+
+    @property
+    def path(self) -> str:
+        """``launchers/amd/run_qwen3_4b_lora``: the module's path, also its snapshot folder."""
+        return self.module.replace(".", "/")
+
+    @property
+    def summary(self) -> str:
+        doc = getattr(sys.modules.get(self.entrypoints[0].__module__), "__doc__", None) or ""
+        return doc.strip().splitlines()[0] if doc.strip() else self.module
+
+    @property
+    def entrypoint_names(self) -> tuple[str, ...]:
+        return tuple(fn.__name__ for fn in self.entrypoints)
+
+    @cached_property
+    def supported_hardware(self) -> tuple[str, ...]:
+        hint = typing.get_type_hints(self.args)["hardware"]
+        if typing.get_origin(hint) is not Literal:
+            raise TypeError(f"{self.args.__name__}.hardware must be a Literal of hardware names")
+        names = tuple(name for name in typing.get_args(hint) if name != "auto")
+        for name in names:
+            get_hardware(name)
+        return names
+
+    def entrypoint(self, name: str) -> Entrypoint:
+        """The entrypoint called `name` (``full_train`` or ``full-train``)."""
+        for fn in self.entrypoints:
+            if fn.__name__ == name.replace("-", "_"):
+                return fn
+        raise LaunchError(f"{self.module} has no entrypoint {name!r}")
+
+    def main(self, argv: list[str] | None = None) -> NoReturn:
+        """Run the launcher's command line (``python -m launchers.<path> <entrypoint> ...``)."""
+        from harness.cli import run
+
+        raise SystemExit(run(self, argv))
+
+
+def path_fields(args: LauncherArgs) -> list[str]:
+    return [f.name for f in fields(args) if f.metadata.get("path")]

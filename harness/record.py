@@ -1,0 +1,95 @@
+"""Recordings: a plan as canonical text (the snapshot format) and as structured steps.
+
+`record(launcher, entrypoint)` records hermetically (record host, recorded hardware);
+``python -m harness.record [--format json] [MODULE ...]`` prints the recordings of every
+discovered launcher, for tools that compare two checkouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.context import Plan, build_plan
+from harness.launcher import Launcher, LauncherArgs
+from harness.secrets import scrub
+from harness.steps import Step
+
+
+@dataclass(frozen=True)
+class Recording:
+    launcher: str
+    entrypoint: str
+    hardware: str
+    steps: tuple[Step, ...]
+    text: str
+
+    @property
+    def snapshot_name(self) -> str:
+        """``launchers/amd/run_qwen3_4b_lora/train``: where its snapshot lives."""
+        return f"{self.launcher}/{self.entrypoint}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "launcher": self.launcher,
+            "entrypoint": self.entrypoint,
+            "hardware": self.hardware,
+            "steps": [step.to_dict() for step in self.steps],
+            "text": self.text,
+        }
+
+
+def recording_of(plan: Plan) -> Recording:
+    """The plan as text: a header naming launcher, entrypoint and hardware, one block per step."""
+    header = (
+        f"# launcher: {plan.launcher.path}.py\n"
+        f"# entrypoint: {plan.entrypoint}\n"
+        f"# hardware: {plan.hardware.describe()}\n"
+    )
+    blocks = [step.render() for step in plan.steps]
+    text = scrub(header + "".join(f"\n{block}\n" for block in blocks), plan.host.env)
+    steps = tuple(step.redacted() for step in plan.steps)
+    return Recording(plan.launcher.path, plan.entrypoint, plan.hardware.name, steps, text)
+
+
+def record(launcher: Launcher, entrypoint: str, args: LauncherArgs | None = None) -> Recording:
+    """Record one entrypoint hermetically: frozen environment, placeholders, no probing."""
+    return recording_of(build_plan(launcher, entrypoint, args))
+
+
+def record_all(launchers: Iterable[Launcher] | None = None) -> list[Recording]:
+    """Hermetic recordings of every entrypoint of `launchers` (default: all discovered)."""
+    if launchers is None:
+        from harness.discovery import discover_launchers
+
+        launchers = discover_launchers()
+    return [record(lau, name) for lau in launchers for name in lau.entrypoint_names]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from harness.discovery import discover_launchers
+
+    parser = argparse.ArgumentParser(prog="python -m harness.record", description=__doc__)
+    parser.add_argument("modules", nargs="*", help="launcher modules (default: all)")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    options = parser.parse_args(argv)
+    launchers = [
+        lau for lau in discover_launchers() if not options.modules or lau.module in options.modules
+    ]
+    if missing := set(options.modules) - {lau.module for lau in launchers}:
+        parser.error(f"no launcher module {', '.join(sorted(missing))}")
+    recordings = record_all(launchers)
+    if options.format == "json":
+        json.dump([r.to_dict() for r in recordings], sys.stdout, indent=1, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write("\n".join(r.text for r in recordings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""The typed steps a launcher emits, and their canonical shell text.
+
+A step is pure data. `Step.render()` gives the shell a person would type (one flag per line,
+quoted with shlex, secrets redacted); `harness.live` executes the same step with the proper
+library. Nothing here runs anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, NamedTuple
+
+from harness.secrets import redact_env
+
+_FLAG = re.compile(r"^--[A-Za-z]|^--$")  # long flags start a line; -m, -9 stay put
+_ONE_LINE_WIDTH = 72
+
+
+class Command(NamedTuple):
+    """One shell command of a step: what `render` prints and what live runs for subprocess steps."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = {}
+    cwd: str | None = None
+    ignore_failure: bool = False
+
+
+def format_command(command: Command) -> str:
+    """Shell text with the environment and each flag (with its values) on a line of its own.
+
+    A short command without environment or directory stays on one line.
+    """
+    suffix = " || true" if command.ignore_failure else ""
+    one_line = shlex.join(command.argv)
+    if not command.env and not command.cwd and len(one_line) <= _ONE_LINE_WIDTH:
+        return one_line + suffix
+    lines = [f"cd {shlex.quote(command.cwd)} &&"] if command.cwd else []
+    lines += [f"{name}={shlex.quote(value)}" for name, value in sorted(command.env.items())]
+    head, *flags = _group_flags(command.argv)
+    lines.append(shlex.join(head))
+    lines += [f"  {shlex.join(group)}" for group in flags]
+    return " \\\n".join(lines) + suffix
+
+
+def _group_flags(argv: Sequence[str]) -> list[list[str]]:
+    groups: list[list[str]] = [[]]
+    for token in argv:
+        if _FLAG.match(token) and groups[-1]:
+            groups.append([])
+        groups[-1].append(token)
+    return groups
+
+
+def runtime_env_json(runtime_env: Mapping[str, Any]) -> str:
+    """Compact JSON with sorted keys: the canonical form of a Ray runtime env."""
+    return json.dumps(runtime_env, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Step:
+    """Base of every step; subclasses set `kind` and implement `commands`."""
+
+    kind: ClassVar[str]
+
+    def commands(self) -> tuple[Command, ...]:
+        raise NotImplementedError
+
+    def redacted(self) -> Step:
+        """This step with secret values replaced; what recordings show."""
+        return self
+
+    def render(self) -> str:
+        return "\n".join(format_command(c) for c in self.redacted().commands())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Structured, redacted form (for diffs and JSON output)."""
+        return {"kind": self.kind, **dataclasses.asdict(self.redacted())}
+
+
+def _freeze(step: Step, **values: Any) -> None:
+    for name, value in values.items():
+        object.__setattr__(step, name, value)
+
+
+@dataclass(frozen=True)
+class HubDownload(Step):
+    """Download a model or data set repository from the Hugging Face Hub into `local_dir`."""
+
+    kind: ClassVar[str] = "hub_download"
+    repo_id: str
+    local_dir: str
+    repo_type: Literal["model", "dataset"] = "model"
+    allow_patterns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.repo_type not in ("model", "dataset"):
+            raise ValueError(f"repo_type must be model or dataset, not {self.repo_type!r}")
+        _freeze(self, allow_patterns=tuple(self.allow_patterns))
+
+    def commands(self) -> tuple[Command, ...]:
+        argv = ["hf", "download", self.repo_id, "--repo-type", self.repo_type]
+        argv += ["--local-dir", self.local_dir]
+        for pattern in self.allow_patterns:
+            argv += ["--include", pattern]
+        return (Command(tuple(argv)),)
+
+
+@dataclass(frozen=True)
+class ProcessCleanup(Step):
+    """Kill what a previous run left behind on this node before starting a new one.
+
+    `names` match process names (``pkill NAME``), `patterns` whole command lines
+    (``pkill -f PATTERN``); `stop_ray` stops every Ray process of this node.
+    """
+
+    kind: ClassVar[str] = "process_cleanup"
+    names: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+    stop_ray: bool = True
+
+    def __post_init__(self) -> None:
+        _freeze(self, names=tuple(self.names), patterns=tuple(self.patterns))
+
+    def commands(self) -> tuple[Command, ...]:
+        kills = [("pkill", "-9", name) for name in self.names]
+        kills += [("pkill", "-9", "-f", pattern) for pattern in self.patterns]
+        commands = [Command(argv, ignore_failure=True) for argv in kills]
+        if self.stop_ray:
+            commands.append(Command(("ray", "stop", "--force")))
+        return tuple(commands)
+
+
+@dataclass(frozen=True)
+class RayStart(Step):
+    """``ray start``: a head node (`head=True`) or a worker joining `head_address`."""
+
+    kind: ClassVar[str] = "ray_start"
+    node_ip_address: str
+    num_gpus: int
+    head: bool = True
+    head_address: str | None = None
+    port: int = 6379
+    num_cpus: int | None = None
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int = 8265
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.head == (self.head_address is not None):
+            raise ValueError("a head node takes no head_address; a worker needs one")
+        _freeze(self, env=dict(self.env))
+
+    def commands(self) -> tuple[Command, ...]:
+        argv = ["ray", "start"]
+        if self.head:
+            argv += ["--head", "--node-ip-address", self.node_ip_address, "--port", str(self.port)]
+        else:
+            argv += ["--address", str(self.head_address), "--node-ip-address", self.node_ip_address]
+        argv += ["--num-gpus", str(self.num_gpus)]
+        if self.num_cpus is not None:
+            argv += ["--num-cpus", str(self.num_cpus)]
+        if self.head:
+            argv += ["--dashboard-host", self.dashboard_host]
+            argv += ["--dashboard-port", str(self.dashboard_port)]
+        argv.append("--disable-usage-stats")
+        return (Command(tuple(argv), self.env),)
+
+    def redacted(self) -> RayStart:
+        return dataclasses.replace(self, env=redact_env(self.env))
+
+
+@dataclass(frozen=True)
+class RayStop(Step):
+    """``ray stop``: end the Ray processes of this node."""
+
+    kind: ClassVar[str] = "ray_stop"
+    force: bool = False
+
+    def commands(self) -> tuple[Command, ...]:
+        return (Command(("ray", "stop", "--force") if self.force else ("ray", "stop")),)
+
+
+@dataclass(frozen=True)
+class RayJobSubmit(Step):
+    """``ray job submit``: run `entrypoint` as a Ray job with `runtime_env`, wait, stream logs.
+
+    Secrets travel only in ``runtime_env["env_vars"]``, never in the entrypoint.
+    """
+
+    kind: ClassVar[str] = "ray_job_submit"
+    address: str
+    entrypoint: tuple[str, ...]
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.entrypoint:
+            raise ValueError("a Ray job needs an entrypoint")
+        _freeze(self, entrypoint=tuple(self.entrypoint), runtime_env=dict(self.runtime_env))
+
+    @property
+    def env_vars(self) -> Mapping[str, str]:
+        return self.runtime_env.get("env_vars", {})
+
+    def commands(self) -> tuple[Command, ...]:
+        argv = ("ray", "job", "submit", "--address", self.address)
+        argv += ("--runtime-env-json", runtime_env_json(self.runtime_env), "--", *self.entrypoint)
+        return (Command(argv),)
+
+    def redacted(self) -> RayJobSubmit:
+        if "env_vars" not in self.runtime_env:
+            return self
+        runtime_env = {**self.runtime_env, "env_vars": redact_env(self.env_vars)}
+        return dataclasses.replace(self, runtime_env=runtime_env)
+
+
+@dataclass(frozen=True)
+class Shell(Step):
+    """A plain command (no shell: `argv` runs as is), optionally in `cwd` with extra `env`."""
+
+    kind: ClassVar[str] = "shell"
+    argv: tuple[str, ...]
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.argv:
+            raise ValueError("a shell step needs a command")
+        _freeze(self, argv=tuple(self.argv), env=dict(self.env))
+
+    def commands(self) -> tuple[Command, ...]:
+        return (Command(self.argv, self.env, self.cwd),)
+
+    def redacted(self) -> Shell:
+        return dataclasses.replace(self, env=redact_env(self.env))
+
+
+def train_py_argv(step: Step) -> tuple[str, ...] | None:
+    """The argv after ``python3 train.py`` when `step` runs the trainer, else None."""
+    argv = step.entrypoint if isinstance(step, RayJobSubmit) else None
+    if isinstance(step, Shell):
+        argv = step.argv
+    if argv and len(argv) >= 2 and argv[0] in ("python3", "python") and argv[1] == "train.py":
+        return tuple(argv[2:])
+    return None

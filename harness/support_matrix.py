@@ -1,0 +1,156 @@
+"""The LoRA support matrix of ``docs/lora.md``, generated from the launchers.
+
+One row per launcher. The model, platform and backends come from the launcher itself: the
+model it downloads (else its ``--hf-checkpoint`` directory), the hardware its ``hardware`` field
+accepts, and the backends of the ``train.py`` argv it records, as ``train.py``'s own parser
+resolves them. Only the evidence is declared here, in `EVIDENCE`; a launcher without an entry
+fails the test suite.
+
+    python -m harness.support_matrix            print the table
+    python -m harness.support_matrix --write    rewrite it in docs/lora.md
+    python -m harness.support_matrix --check    exit 1 when docs/lora.md disagrees
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from harness.hardware import get_hardware
+from harness.host import CHECKOUT
+from harness.launcher import Launcher
+from harness.record import record
+from harness.steps import HubDownload, train_py_argv
+
+DOC = Path(CHECKOUT) / "docs" / "lora.md"
+BEGIN = "<!-- support-matrix:begin (python -m harness.support_matrix --write; do not edit) -->"
+END = "<!-- support-matrix:end -->"
+
+# What has shown each launcher works, by launcher module. Keep it to facts with a source.
+EVIDENCE: Mapping[str, str] = {
+    "launchers.amd.run_qwen3_4b_lora": (
+        "upstream run of this recipe (seed PR #3183): 100 steps on 8x MI355X, ROCm 7.2, "
+        "rollout/train log-prob abs diff 0.0123 (threshold 0.03), AIME-2024 avg@16 "
+        "0.5625 -> 0.6833 at best (30 problems: weak); here: snapshots, argv contract, "
+        "`rocm_gpu` live test"
+    ),
+    "launchers.cpu.run_tiny_qwen3_lora": (
+        "snapshots, argv contract, the real Ray GRPO LoRA job end to end on CPU in the "
+        "default test suite"
+    ),
+}
+
+_PLATFORMS = {"amd": "ROCm", "nvidia": "CUDA"}
+_TRAIN_BACKENDS = {"megatron": "Megatron-Bridge", "torch": "PyTorch + PEFT"}
+_HEADER = (
+    "| Model | Platform | Training backend | Rollout backend | Evidence | Launcher |\n"
+    "| --- | --- | --- | --- | --- | --- |"
+)
+
+
+class MatrixError(Exception):
+    """A launcher or the doc the matrix cannot be built from: one line, exit status 2."""
+
+
+def row(launcher: Launcher) -> str:
+    """The launcher's row: what it downloads and the backends its train.py argv resolves to."""
+    from trainer.arguments import parse_args
+
+    recordings = [record(launcher, name) for name in launcher.entrypoint_names]
+    steps = [step for recording in recordings for step in recording.steps]
+    argv = next((a for a in map(train_py_argv, steps) if a is not None), None)
+    if argv is None:
+        raise MatrixError(f"{launcher.module} submits no train.py job")
+    args = parse_args(argv)
+    models = [s.repo_id for s in steps if isinstance(s, HubDownload) and s.repo_type == "model"]
+    model = ", ".join(f"`{m}`" for m in dict.fromkeys(models))
+    model = model or f"`{Path(args.hf_checkpoint).name}` (built locally, no download)"
+    vendor = launcher_vendor(launcher)
+    platform = "CPU (no GPU)" if vendor == "cpu" else _PLATFORMS[vendor]
+    if vendor != "cpu":
+        platform += f" ({', '.join(launcher.supported_hardware)})"
+    training = _TRAIN_BACKENDS[args.train_backend] + (", colocated" if args.colocate else "")
+    if args.rollout_backend == "sglang":
+        rollout = (
+            f"SGLang (attention `{args.sglang_attention_backend or 'default'}`, "
+            f"LoRA `{args.sglang_lora_backend or 'default'}`)"
+        )
+    else:
+        rollout = "transformers `generate`"
+    evidence = EVIDENCE.get(launcher.module)
+    if evidence is None:
+        raise MatrixError(f"{launcher.module} declares no evidence in harness.support_matrix")
+    link = f"[`{launcher.path}.py`](../{launcher.path}.py)"
+    cells = (model, platform, training, rollout, evidence, link)
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
+def launcher_vendor(launcher: Launcher) -> str:
+    vendors = {get_hardware(name).vendor for name in launcher.supported_hardware}
+    if len(vendors) != 1:
+        raise MatrixError(f"{launcher.module} mixes vendors: {', '.join(sorted(vendors))}")
+    return vendors.pop()
+
+
+def build_table(launchers: Iterable[Launcher] | None = None) -> str:
+    """The Markdown table for `launchers` (default: every discovered launcher)."""
+    if launchers is None:
+        from harness.discovery import discover_launchers
+
+        launchers = discover_launchers()
+    if stale := set(EVIDENCE) - {launcher.module for launcher in launchers}:
+        raise MatrixError(f"evidence declared for no launcher: {', '.join(sorted(stale))}")
+    return "\n".join([_HEADER, *(row(launcher) for launcher in launchers)])
+
+
+def _section(text: str) -> tuple[int, int]:
+    """Start and end offsets of the generated table between the markers of `text`."""
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise MatrixError(f"the doc must hold the markers {BEGIN} and {END} once each, in order")
+    return text.index(BEGIN) + len(BEGIN), text.index(END)
+
+
+def current_table(text: str) -> str:
+    start, end = _section(text)
+    return text[start:end].strip()
+
+
+def with_table(text: str, table: str) -> str:
+    start, end = _section(text)
+    return f"{text[:start]}\n{table}\n{text[end:]}"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _Parser(prog="python -m harness.support_matrix", description=__doc__.split("\n")[0])
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--write", action="store_true", help="rewrite the table in the doc")
+    action.add_argument("--check", action="store_true", help="exit 1 when the doc disagrees")
+    parser.add_argument("--doc", type=Path, default=DOC, help="default: docs/lora.md")
+    options = parser.parse_args(argv)
+    try:
+        table = build_table()
+        if not (options.write or options.check):
+            print(table)
+            return 0
+        text = options.doc.read_text(encoding="utf-8")
+        if options.check:
+            if current_table(text) == table:
+                return 0
+            print(f"{options.doc} is stale: run {parser.prog} --write", file=sys.stderr)
+            return 1
+        options.doc.write_text(with_table(text, table), encoding="utf-8")
+    except (MatrixError, OSError) as err:
+        parser.error(str(err))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

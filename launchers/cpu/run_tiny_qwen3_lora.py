@@ -1,0 +1,127 @@
+"""A tiny Qwen3 GRPO LoRA run on CPU (PyTorch + PEFT training, transformers rollout).
+
+The portable end-to-end check of the whole chain: `prepare` builds a tiny random Qwen3 model and
+a tiny task locally (no download), `train` starts a local Ray head, submits the real GRPO LoRA
+job and stops Ray again. Rerunning `train` with the same --run-id resumes from its checkpoint.
+Copy this file to start a new launcher.
+
+    python -m launchers.cpu.run_tiny_qwen3_lora full-train --run-id demo
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from harness import (
+    LaunchContext,
+    Launcher,
+    LauncherArgs,
+    Shell,
+    arg,
+    execute_train,
+    flags,
+    wandb_flags,
+)
+
+
+@dataclass(frozen=True)
+class Args(LauncherArgs):
+    hardware: Literal["CPU"] = arg("CPU", "runs on CPU only")
+    wandb_mode: Literal["online", "offline", "disabled"] = arg(
+        "disabled", "wandb logging; online needs WANDB_API_KEY in the environment"
+    )
+    wandb_project: str = arg("tiny-qwen3-lora-cpu", "wandb project")
+    seed: int = arg(0, "seed of the tiny model, its task and training")
+    ray_num_cpus: int = arg(2, "CPUs of the local Ray head")
+    actor_ranks: int = arg(1, "training ranks (Ray actors)")
+
+    lora_rank: int = arg(8, "LoRA rank")
+    lora_alpha: int = arg(16, "LoRA alpha")
+    num_rollout: int = arg(4, "rollouts (one optimizer update each)")
+    rollout_batch_size: int = arg(8, "prompts per rollout")
+    n_samples_per_prompt: int = arg(8, "samples per prompt (the GRPO group)")
+    rollout_max_response_len: int = arg(12, "response window in tokens")
+    global_batch_size: int = arg(64, "samples per optimizer update")
+    lr: float = arg(3e-3, "learning rate")
+    save_interval: int = arg(2, "save a checkpoint every N rollouts")
+    eval_interval: int = arg(2, "evaluate every N rollouts")
+
+
+def prepare(ctx: LaunchContext, args: Args) -> None:
+    """Build the tiny model and the tiny task locally."""
+    tiny = flags(
+        model_dir=f"{args.model_dir}/tiny-qwen3",
+        data_dir=f"{args.data_dir}/tiny-task",
+        seed=args.seed,
+    )
+    ctx.emit(Shell(("python3", "-m", "trainer.tiny", *tiny), cwd=ctx.host.checkout))
+
+
+def train(ctx: LaunchContext, args: Args) -> None:
+    """Train on a local Ray head with the tiny model and task already built; stop Ray after."""
+    hardware = ctx.resolve_hardware(args.hardware)
+    data = f"{args.data_dir}/tiny-task"
+    checkpoints = f"{args.output_dir}/{args.run_id}/checkpoints"
+    argv = [
+        *flags(
+            hf_checkpoint=f"{args.model_dir}/tiny-qwen3",
+            load=checkpoints,
+            save=checkpoints,
+            save_interval=args.save_interval,
+            output_dir=f"{args.output_dir}/{args.run_id}",
+            seed=args.seed,
+        ),
+        *flags(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, target_modules="all-linear"),
+        *flags(
+            prompt_data=f"{data}/train.jsonl",
+            input_key="prompt",
+            label_key="label",
+            apply_chat_template=True,
+            rollout_shuffle=True,
+            rm_type="tiny",
+            num_rollout=args.num_rollout,
+            rollout_batch_size=args.rollout_batch_size,
+            n_samples_per_prompt=args.n_samples_per_prompt,
+            rollout_max_response_len=args.rollout_max_response_len,
+            rollout_temperature=1.0,
+            global_batch_size=args.global_batch_size,
+        ),
+        *flags(
+            eval_interval=args.eval_interval,
+            eval_prompt_data=("tiny", f"{data}/eval.jsonl"),
+            n_samples_per_eval_prompt=1,
+        ),
+        *flags(optimizer="adam", lr=args.lr, lr_decay_style="constant"),
+        *flags(advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=0.28),
+        *wandb_flags(ctx, args),
+        *flags(
+            train_backend="torch",
+            rollout_backend="hf",
+            device="cpu",
+            actor_num_nodes=1,
+            actor_num_gpus_per_node=args.actor_ranks,
+            colocate=True,
+        ),
+    ]
+    execute_train(
+        ctx,
+        args,
+        argv,
+        hardware=hardware,
+        num_gpus_per_node=0,
+        num_cpus=args.ray_num_cpus,
+        stop_ray=True,
+    )
+
+
+def full_train(ctx: LaunchContext, args: Args) -> None:
+    """Build the tiny model and task, then train."""
+    prepare(ctx, args)
+    train(ctx, args)
+
+
+LAUNCHER = Launcher(args=Args, entrypoints=(prepare, train, full_train), recorded_hardware="CPU")
+
+if __name__ == "__main__":
+    LAUNCHER.main()

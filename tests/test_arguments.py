@@ -1,0 +1,235 @@
+"""The argv contract: flag names, defaults, derived values and one-line usage errors."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from trainer import arguments
+from trainer.arguments import UsageError, parse_args, parse_args_or_exit, resolved_config
+
+BASE = ["--hf-checkpoint", "/models/tiny", "--prompt-data", "/data/train.jsonl"]
+
+# What the AMD Qwen3-4B recipe (DESIGN.md section 2) hands to train.py.
+AMD_ARGV = shlex.split(
+    """
+    --hf-checkpoint /root/models/Qwen3-4B --load /root/ckpt --save /root/ckpt --save-interval 20
+    --megatron-to-hf-mode bridge
+    --lora-rank 64 --lora-alpha 32 --lora-dropout 0.0 --target-modules "all-linear"
+    --lora-base-cpu-backup
+    --prompt-data /root/data/dapo-math-17k.jsonl --input-key prompt --label-key label
+    --apply-chat-template --rollout-shuffle --rm-type deepscaler --num-rollout 100
+    --rollout-batch-size 8 --n-samples-per-prompt 8 --rollout-max-response-len 8192
+    --rollout-temperature 1 --global-batch-size 64 --balance-data
+    --eval-interval 20 --eval-prompt-data aime /root/data/aime-2024.jsonl
+    --n-samples-per-eval-prompt 16 --eval-max-response-len 16384 --eval-top-p 1
+    --optimizer adam --lr 2e-5 --lr-decay-style constant --weight-decay 0.1
+    --adam-beta1 0.9 --adam-beta2 0.98
+    --advantage-estimator grpo --use-kl-loss --kl-loss-coef 0.00 --kl-loss-type low_var_kl
+    --entropy-coef 0.00 --eps-clip 0.2 --eps-clip-high 0.28
+    --use-wandb --wandb-project miles-lora --wandb-group qwen3-4b-amd --wandb-mode offline
+    --rollout-num-gpus-per-engine 1 --sglang-mem-fraction-static 0.4
+    --sglang-chunked-prefill-size 4096 --sglang-lora-backend triton
+    --sglang-attention-backend triton
+    --train-backend megatron --rollout-backend sglang --actor-num-nodes 1
+    --actor-num-gpus-per-node 8 --num-gpus-per-node 8 --colocate
+    --tensor-model-parallel-size 2 --sequence-parallel --recompute-granularity full
+    --recompute-method uniform --recompute-num-layers 1 --use-dynamic-batch-size
+    --max-tokens-per-gpu 9216 --attention-dropout 0.0 --hidden-dropout 0.0
+    --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32
+    """
+)
+
+
+def error_of(argv: list[str]) -> str:
+    with pytest.raises(UsageError) as info:
+        parse_args(argv)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_small_defaults_resolve_derived_values() -> None:
+    args = parse_args(BASE)
+    assert args.lora_rank == 16 and args.lora_alpha == 32.0 and args.target_modules == "all-linear"
+    assert args.train_backend == "torch" and args.rollout_backend == "hf"
+    assert args.eps_clip_high == args.eps_clip == 0.2
+    assert args.global_batch_size == args.rollout_batch_size * args.n_samples_per_prompt
+    assert args.num_epoch == 1 and args.num_rollout is None
+    assert args.rollout_num_gpus == 1 and args.num_gpus_per_node == 1
+    assert args.device == "auto" and args.dtype == "auto"
+    assert args.normalize_advantages is True and args.loss_agg == "token-mean"
+    assert args.sglang_extra == {} and args.eval_datasets == {}
+    assert args.eval_max_response_len == args.rollout_max_response_len
+    assert args.output_dir == "./outputs" and args.seed == 1234
+
+
+def test_production_argv_is_accepted() -> None:
+    args = parse_args(AMD_ARGV)
+    assert args.rollout_num_gpus == 8  # colocated: the actor's GPUs
+    assert args.device == "cuda" and args.dtype == "bf16"
+    assert args.eps_clip_high == 0.28 and args.lora_alpha == 32.0
+    assert args.eval_datasets == {"aime": "/root/data/aime-2024.jsonl"}
+    assert arguments.data_parallel_size(args) == 4  # 8 GPUs / TP 2
+    assert args.sglang_lora_backend == "triton" and args.sglang_chunked_prefill_size == 4096
+
+
+def test_undeclared_sglang_flags_are_collected() -> None:
+    args = parse_args(
+        [
+            *BASE,
+            "--rollout-backend",
+            "sglang",
+            "--sglang-max-running-requests=64",
+            "--sglang-enable-metrics",
+            "--sglang-cuda-graph-bs",
+            "1",
+            "2",
+            "4",
+            "--sglang-log_level",
+            "warning",
+            "--lr",
+            "1e-4",
+        ]
+    )
+    assert args.sglang_extra == {
+        "max-running-requests": "64",
+        "enable-metrics": "true",
+        "cuda-graph-bs": "1 2 4",
+        "log-level": "warning",
+    }
+    assert args.lr == 1e-4
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("--lora-rnak 8", "unrecognized argument --lora-rnak (did you mean --lora-rank"),
+        ("--lora", "unrecognized argument --lora"),
+        ("--wandb-key s3cret", "--wandb-key is not accepted"),
+        ("--use-wandb s3cret", "unexpected value after --use-wandb"),
+        ("--lr fast", "argument --lr: invalid float value: 'fast'"),
+        ("--lr", "argument --lr: expected one argument"),
+        ("--rm-type nope", "argument --rm-type: invalid choice: 'nope'"),
+        ("--train-backend jax", "argument --train-backend: invalid choice"),
+        ("--lora-rank 0", "--lora-rank must be > 0 (got 0)"),
+        ("--lora-alpha -1", "--lora-alpha must be > 0 (got -1.0)"),
+        ("--lora-dropout 1.0", "--lora-dropout must be in [0, 1) (got 1.0)"),
+        ("--eps-clip -0.1", "--eps-clip must be >= 0 (got -0.1)"),
+        ("--eps-clip-high -0.1", "--eps-clip-high must be >= 0"),
+        ("--rollout-top-p 0", "--rollout-top-p must be in (0, 1]"),
+        ("--rollout-top-k 0", "--rollout-top-k must be -1 (off) or > 0"),
+        (
+            "--rollout-batch-size 3 --n-samples-per-prompt 4 --global-batch-size 8",
+            "samples per rollout (--rollout-batch-size 3 x --n-samples-per-prompt 4 = 12) "
+            "must be a multiple of --global-batch-size 8",
+        ),
+        (
+            "--actor-num-gpus-per-node 3 --rollout-num-gpus-per-engine 2",
+            "actor GPUs (1 node(s) x 3 = 3) must be divisible by --rollout-num-gpus-per-engine 2",
+        ),
+        (
+            "--actor-num-gpus-per-node 3 --global-batch-size 8 --rollout-batch-size 8 "
+            "--n-samples-per-prompt 2",
+            "--global-batch-size 8 must be divisible by the data-parallel size 3",
+        ),
+        (
+            "--global-batch-size 4 --micro-batch-size 3",
+            "per-rank batch (4 / 1 data-parallel ranks = 4) must be divisible by "
+            "--micro-batch-size 3",
+        ),
+        ("--eval-prompt-data aime", "--eval-prompt-data takes NAME PATH pairs"),
+        ("--eval-prompt-data a x a y", "--eval-prompt-data names must be unique"),
+        ("--eval-interval 5", "--eval-interval needs --eval-prompt-data"),
+        ("--save-interval 5", "--save-interval needs --save"),
+        ("--tensor-model-parallel-size 2", "--tensor-model-parallel-size 2 needs"),
+        ("--target-modules all-linear,q_proj", '"all-linear" cannot be combined'),
+        ("--target-modules ' , '", "--target-modules must be"),
+        ("--sglang-lora-backend triton", "--sglang-lora-backend needs --rollout-backend"),
+        ("--sglang-foo 1", "--sglang-foo needs --rollout-backend sglang"),
+        ("--use-dynamic-batch-size", "--use-dynamic-batch-size needs --max-tokens-per-gpu"),
+        ("--colocate --rollout-num-gpus 2", "--colocate shares the actor's 1 GPU(s)"),
+        ("--device cpu --train-backend megatron", "--device cpu works only with"),
+        ("--min-lr 1 --lr 0.1", "--min-lr (1.0) must not exceed --lr (0.1)"),
+        ("stray", "unexpected value after --prompt-data (train.py takes only --flags)"),
+    ],
+)
+def test_bad_argv_is_one_line(extra: str, expected: str) -> None:
+    assert expected in error_of([*BASE, *shlex.split(extra)])
+
+
+def test_error_never_echoes_a_secret_value() -> None:
+    for argv in (["--wandb-key=s3cret"], ["--wandb-key", "s3cret"], ["--use-wandb", "s3cret"]):
+        assert "s3cret" not in error_of([*BASE, *argv])
+
+
+def test_stray_value_first() -> None:
+    assert error_of(["stray", *BASE]).startswith("unexpected value before any flag")
+
+
+def test_required_flags() -> None:
+    assert error_of(["--prompt-data", "p"]).endswith("required: --hf-checkpoint")
+    assert "--prompt-data" in error_of(["--hf-checkpoint", "m"])
+
+
+def test_load_without_save_is_fine_and_pairs_parse() -> None:
+    args = parse_args([*BASE, "--load", "/ckpt", "--eval-prompt-data", "a", "x", "b", "y"])
+    assert args.load == "/ckpt" and args.save is None
+    assert args.eval_datasets == {"a": "x", "b": "y"}
+
+
+def test_no_normalize_advantages_and_kl_types() -> None:
+    args = parse_args([*BASE, "--no-normalize-advantages", "--kl-loss-type", "k3"])
+    assert args.normalize_advantages is False and args.kl_loss_type == "k3"
+
+
+def test_wandb_mode_follows_the_key_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert parse_args(BASE).wandb_mode == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    assert parse_args(BASE).wandb_mode == "online"
+    assert parse_args([*BASE, "--wandb-mode", "disabled"]).wandb_mode == "disabled"
+    assert not any(a.option_strings == ["--wandb-key"] for a in arguments.build_parser()._actions)
+
+
+def test_device_and_dtype_resolution() -> None:
+    args = parse_args([*BASE, "--device", "cpu"])
+    assert args.dtype == "fp32"
+    assert arguments.resolve_device(args) == "cpu"
+    args = parse_args([*BASE, "--device", "cuda"])
+    assert args.dtype == "bf16"
+    args = parse_args([*BASE, "--device", "cuda", "--dtype", "fp32"])
+    assert args.dtype == "fp32"
+    auto = parse_args(BASE)
+    assert arguments.resolve_dtype(auto, "cpu") == "fp32"
+    assert arguments.resolve_dtype(auto, "cuda") == "bf16"
+
+
+def test_module_lists() -> None:
+    args = parse_args([*BASE, "--target-modules", "q_proj, v_proj", "--exclude-modules", "lm_head"])
+    assert arguments.target_modules(args) == ["q_proj", "v_proj"]
+    assert arguments.exclude_modules(args) == ["lm_head"]
+    assert arguments.target_modules(parse_args(BASE)) == "all-linear"
+    assert arguments.exclude_modules(parse_args(BASE)) == []
+
+
+def test_resolved_config_is_json_and_redacts_secret_extras() -> None:
+    argv = [*BASE, "--rollout-backend", "sglang", "--sglang-api-key", "s3cret"]
+    config = resolved_config(parse_args(argv))
+    text = json.dumps(config)
+    assert "s3cret" not in text
+    assert config["sglang_extra"] == {"api-key": "<redacted>"}
+    assert list(config) == sorted(config)
+
+
+def test_parse_args_or_exit_prints_one_line_and_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args_or_exit([*BASE, "--lora-rank", "0"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "train.py: error: --lora-rank must be > 0 (got 0)\n"
+    assert parse_args_or_exit(BASE).lora_rank == 16

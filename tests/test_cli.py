@@ -1,0 +1,236 @@
+"""The launcher command line: options, env-var overrides, --dry-run, and one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from harness.cli import run
+from harness.context import Plan
+from harness.hardware import match_hardware
+from harness.host import CHECKOUT, HostView, detect_gpus
+from harness.steps import ProcessCleanup, RayJobSubmit, RayStart, RayStop
+from launchers.amd.run_qwen3_4b_lora import LAUNCHER as AMD
+from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
+
+PROG = "python -m launchers.amd.run_qwen3_4b_lora"
+
+
+class SpyRunner:
+    """A live runner that records the plans it is given instead of running them."""
+
+    def __init__(self, status: int = 0) -> None:
+        self.plans: list[Plan] = []
+        self.status = status
+
+    def __call__(self, plan: Plan) -> int:
+        self.plans.append(plan)
+        return self.status
+
+
+def host(detected: str | None = None, **env: str) -> Callable[[], HostView]:
+    return lambda: HostView(env, "/home/u", "/repo", "/work", "run-1", lambda: detected)
+
+
+def cli(launcher, argv, capsys, *, live=None, detected=None, **env):
+    status = run(launcher, argv, live=live or SpyRunner(), host=host(detected, **env))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["train", "--hardware", "MI300X"], "'MI300X' is not one of 'auto', 'MI350X', 'MI355X'"),
+        (["train", "--num-gpus-per-node", "0"], "--num-gpus-per-node must be >= 1 (got 0)"),
+        (["train", "--lora-rank", "-4"], "--lora-rank must be > 0 (got -4)"),
+        (["train", "--bogus"], "No such option: --bogus"),
+        (["train", "--global-batch-size", "48"], "must be a multiple of --global-batch-size 48"),
+        (["train", "--lora-rank", "x"], "--lora-rank"),
+        (["train", "--num-nodes", "2"], "needs a running Ray cluster"),
+        (["train", "--extra-env", "NOPE"], "--extra-env items must be NAME=VALUE"),
+        (["train", "--extra-args", "--wandb-key k"], "--wandb-key is not accepted"),
+        (["prepare", "--run-id", "../x"], "--run-id must be"),
+        (["pretrain"], "No such command 'pretrain'"),
+    ],
+)
+@pytest.mark.parametrize("dry_run", [False, True], ids=["live", "dry-run"])
+def test_bad_input_is_one_line_exit_2_and_nothing_runs(argv, reason, dry_run, capsys):
+    spy = SpyRunner()
+    argv = [*argv, *["--dry-run"] * dry_run]
+    status, out, err = cli(AMD, argv, capsys, live=spy, detected="AMD Instinct MI355X")
+    assert status == 2
+    assert out == "" and spy.plans == []
+    assert err.count("\n") == 1 and err.startswith(f"{PROG}: error: ")
+    assert reason in err
+
+
+def test_dry_run_prints_the_host_recording_and_runs_nothing(capsys):
+    spy = SpyRunner()
+    status, out, err = cli(AMD, ["train", "--dry-run"], capsys, live=spy, WANDB_API_KEY="k-123")
+    assert status == 0 and spy.plans == []
+    assert out.startswith("# launcher: launchers/amd/run_qwen3_4b_lora.py\n# entrypoint: train\n")
+    assert "--hf-checkpoint /home/u/models/Qwen3-4B" in out
+    assert "--output-dir /home/u/outputs/run-1" in out
+    assert err == "--hardware auto found no GPU on this host; showing MI355X, the recording's\n"
+
+
+def test_dry_run_uses_the_detected_gpu_and_visible_devices(capsys):
+    status, out, _ = cli(
+        AMD,
+        ["train", "--dry-run"],
+        capsys,
+        detected="AMD Instinct MI350X",
+        HIP_VISIBLE_DEVICES="0,1",
+    )
+    assert status == 0
+    assert "# hardware: MI350X" in out
+    assert "CUDA_VISIBLE_DEVICES=0,1 \\\n" in out
+    assert "--num-gpus 2 \\\n" in out and "--actor-num-gpus-per-node 2 \\\n" in out
+
+
+def test_live_mode_hands_the_validated_plan_to_the_runner(capsys):
+    spy = SpyRunner(status=3)
+    status, out, _ = cli(CPU, ["train", "--run-id", "r"], capsys, live=spy)
+    assert status == 3, "the runner's exit status is the launcher's"
+    assert out == ""
+    (plan,) = spy.plans
+    assert [type(s) for s in plan.steps] == [ProcessCleanup, RayStart, RayJobSubmit, RayStop]
+    assert plan.steps[1].num_cpus == 2 and plan.steps[1].num_gpus == 0
+
+
+def test_joining_a_running_cluster_touches_no_local_process(capsys):
+    spy = SpyRunner()
+    argv = ["train", "--ray-address", "http://10.0.0.1:8265", "--num-nodes", "2"]
+    assert cli(AMD, [*argv, "--hardware", "MI355X"], capsys, live=spy)[0] == 0
+    (job,) = spy.plans[0].steps
+    assert isinstance(job, RayJobSubmit) and job.address == "http://10.0.0.1:8265"
+    assert job.entrypoint[job.entrypoint.index("--actor-num-nodes") + 1] == "2"
+
+
+def test_options_come_from_project_env_vars(capsys, monkeypatch):
+    monkeypatch.setenv("GRPO_LAUNCHER_LORA_RANK", "16")
+    monkeypatch.setenv("GRPO_LAUNCHER_ENABLE_EVAL", "false")
+    status, out, _ = cli(AMD, ["train", "--dry-run", "--lr", "1e-05"], capsys)
+    assert status == 0
+    assert "--lora-rank 16 \\\n" in out and "--lr 1e-05 \\\n" in out
+    assert "aime" not in out
+
+
+def test_secrets_are_redacted_from_printed_recordings(capsys):
+    argv = ["train", "--dry-run", "--extra-env", "HF_TOKEN=hf_pasted_1234,NCCL_DEBUG=INFO"]
+    status, out, _ = cli(AMD, argv, capsys, WANDB_API_KEY="sk-live-5678", MY_TOKEN="tok-9999")
+    assert status == 0
+    assert "sk-live-5678" not in out and "hf_pasted_1234" not in out
+    assert '"WANDB_API_KEY":"<redacted>"' in out and '"HF_TOKEN":"<redacted>"' in out
+    assert '"NCCL_DEBUG":"INFO"' in out
+    assert "--use-wandb" in out and "--wandb-mode online" in out
+
+
+@pytest.mark.parametrize(
+    ("mode", "key", "flags"),
+    [
+        ("online", None, False),
+        ("online", "k-1", True),
+        ("offline", None, True),
+        ("disabled", "k-1", False),
+    ],
+)
+def test_wandb_flags_need_a_key_or_offline_mode(mode, key, flags, capsys):
+    env = {"WANDB_API_KEY": key} if key else {}
+    argv = ["train", "--dry-run", "--hardware", "MI355X", "--wandb-mode", mode]
+    status, out, _ = cli(AMD, argv, capsys, **env)
+    assert status == 0
+    assert ("--use-wandb" in out) is flags
+    assert ("WANDB_API_KEY" in out) is (flags and key is not None)
+
+
+def test_live_mode_says_when_wandb_is_off_for_want_of_a_key(capsys):
+    status, _, err = cli(AMD, ["train"], capsys, detected="AMD Instinct MI355X")
+    assert status == 0
+    assert err == "wandb is off: WANDB_API_KEY is not set (--wandb-mode offline logs locally)\n"
+
+
+def test_help_lists_every_field_with_its_help_and_choices(capsys):
+    status, out, _ = cli(AMD, ["train", "--help"], capsys)
+    assert status == 0
+    for text in ("--lora-rank", "LoRA rank", "<auto|MI350X|MI355X>", "--dry-run", "--extra-args"):
+        assert text in out
+    assert "--lora-base-cpu-backup / --no-lora-base-cpu-backup" in out
+    status, out, _ = cli(AMD, ["--help"], capsys)
+    assert status == 0 and "full-train" in out and "GRPO_LAUNCHER_" in out
+
+
+def launcher_process(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "launchers.amd.run_qwen3_4b_lora", *argv],
+        capture_output=True,
+        text=True,
+        cwd=CHECKOUT,
+        env={**os.environ, **env},
+        timeout=120,
+        check=False,
+    )
+
+
+DESIGN_VALUES = [
+    "ray start",
+    "--num-gpus 8",
+    "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES=1",
+    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1",
+    "NCCL_NVLS_ENABLE=0",
+    "CUDA_VISIBLE_DEVICES=2,5",
+    "ray job submit",
+    '"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES":"1"',
+    '"NCCL_NVLS_ENABLE":"0"',
+    "-- python3 train.py",
+    "--lora-rank 64",
+    "--lora-alpha 32",
+    "--lora-dropout 0.0",
+    "--target-modules all-linear",
+    "--lora-base-cpu-backup",
+    "--num-rollout 100",
+    "--rollout-batch-size 8",
+    "--n-samples-per-prompt 8",
+    "--global-batch-size 64",
+    "--rollout-max-response-len 8192",
+    "--lr 2e-05",
+    "--rollout-num-gpus-per-engine 1",
+    "--sglang-mem-fraction-static 0.4",
+    "--sglang-lora-backend triton",
+    "--sglang-attention-backend triton",
+    "--sglang-chunked-prefill-size 4096",
+    "--train-backend megatron",
+    "--colocate",
+    "dapo-math-17k.jsonl",
+    "--input-key prompt",
+    "--label-key label",
+    "--apply-chat-template",
+    "--rm-type deepscaler",
+    "--eval-prompt-data aime24",
+    "--n-samples-per-eval-prompt 16",
+]
+
+
+def test_python_m_train_dry_run_prints_every_design_value():
+    detected = detect_gpus()
+    pinned = [] if detected is None else ["--hardware", "MI355X"]  # on a GPU node, be explicit
+    done = launcher_process(
+        "train", "--dry-run", "--num-gpus-per-node", "8", *pinned, HIP_VISIBLE_DEVICES="2,5"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("\n") <= 1, "at most the note on --hardware auto"
+    missing = [value for value in DESIGN_VALUES if value not in done.stdout]
+    assert not missing
+    assert "# hardware: MI355X" in done.stdout or match_hardware(detected or "")
+
+
+def test_python_m_bad_input_is_one_line_without_traceback():
+    done = launcher_process("train", "--hardware", "MI300X", "--dry-run")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr

@@ -1,0 +1,108 @@
+"""The colocate state machine: release/resume order between rollout and training."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from trainer.backends.colocate import ColocateOrderError, Colocation, Phase
+
+
+class Holder:
+    """Records calls into a shared log and fails if asked to release twice or resume twice."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name = name
+        self.log = log
+        self.resident = True
+
+    def release_memory(self) -> None:
+        assert self.resident, f"{self.name} released twice"
+        self.resident = False
+        self.log.append(f"{self.name}.release_memory")
+
+    def resume_memory(self) -> None:
+        assert not self.resident, f"{self.name} resumed while resident"
+        self.resident = True
+        self.log.append(f"{self.name}.resume_memory")
+
+
+def _colocation(colocate: bool = True) -> tuple[Colocation, Holder, Holder, list[str]]:
+    log: list[str] = []
+    trainer, engine = Holder("trainer", log), Holder("engine", log)
+    return Colocation(trainer, engine, colocate=colocate), trainer, engine, log
+
+
+def test_two_steps_alternate_the_gpus_between_engine_and_trainer() -> None:
+    colo, trainer, engine, log = _colocation()
+    colo.start()
+    for _ in range(2):
+        with colo.rollout():
+            assert engine.resident and not trainer.resident
+            colo.require(Phase.ROLLOUT, "generate")
+        assert trainer.resident and not engine.resident
+        colo.require(Phase.TRAIN, "train_step")
+    assert log == [
+        "engine.release_memory",
+        "trainer.release_memory", "engine.resume_memory",
+        "engine.release_memory", "trainer.resume_memory",
+        "trainer.release_memory", "engine.resume_memory",
+        "engine.release_memory", "trainer.resume_memory",
+    ]  # fmt: skip
+    assert colo.calls == log
+
+
+def test_without_colocate_phases_are_tracked_but_nothing_is_released() -> None:
+    colo, _, _, log = _colocation(colocate=False)
+    colo.start()
+    with colo.rollout():
+        assert colo.phase is Phase.ROLLOUT
+    assert colo.phase is Phase.TRAIN
+    assert log == [] and colo.calls == []
+
+
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        (["rollout"], "rollout needs the train phase, but the GPUs are in the setup phase"),
+        (["start", "start"], "start needs the setup phase"),
+        (["start", "nested"], "rollout needs the train phase, but the GPUs are in the rollout"),
+    ],
+)
+def test_out_of_order_transitions_raise(steps: list[str], message: str) -> None:
+    colo, *_ = _colocation()
+    with pytest.raises(ColocateOrderError, match=message):
+        for step in steps:
+            if step == "start":
+                colo.start()
+            elif step == "rollout":
+                with colo.rollout():
+                    pass
+            else:
+                with colo.rollout(), colo.rollout():
+                    pass
+
+
+def test_backend_call_in_the_wrong_phase_raises() -> None:
+    colo, *_ = _colocation()
+    colo.start()
+    with pytest.raises(ColocateOrderError, match="generate needs the rollout phase"):
+        colo.require(Phase.ROLLOUT, "generate")
+    with colo.rollout(), pytest.raises(ColocateOrderError, match="train_step needs the train"):
+        colo.require(Phase.TRAIN, "train_step")
+
+
+def test_an_error_during_rollout_leaves_the_colocation_failed() -> None:
+    colo, _, _, log = _colocation()
+    colo.start()
+    with pytest.raises(RuntimeError, match="engine died"), colo.rollout():
+        raise RuntimeError("engine died")
+    assert colo.phase is Phase.FAILED
+    assert log[-1] == "engine.resume_memory"
+    with pytest.raises(ColocateOrderError, match="failed phase"):
+        colo.require(Phase.TRAIN, "save")
+
+
+def test_heavy_packages_not_imported() -> None:
+    assert not any(m == "sglang" or m.startswith(("sglang.", "megatron")) for m in sys.modules)

@@ -1,0 +1,96 @@
+"""Parsing SGLang generate outputs (meta_info.output_token_logprobs, finish_reason)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from trainer.backends.base import Generation, SamplingParams
+from trainer.backends.generation_parsing import (
+    GenerationError,
+    parse_output,
+    parse_outputs,
+    sampling_params,
+)
+
+
+def _output(tokens, finish, *, logprobs=None, with_ids=True, text=None) -> dict:
+    logprobs = logprobs or [-0.5 * (i + 1) for i in range(len(tokens))]
+    meta = {
+        "id": "req-1",
+        "finish_reason": finish,
+        "prompt_tokens": 3,
+        "completion_tokens": len(tokens),
+        "output_token_logprobs": [(lp, t, text) for lp, t in zip(logprobs, tokens, strict=True)],
+    }
+    out = {"text": "ignored", "meta_info": meta}
+    if with_ids:
+        out["output_ids"] = list(tokens)
+    return out
+
+
+def test_stop_gives_an_untruncated_generation() -> None:
+    out = _output([11, 12, 2], {"type": "stop", "matched": 2})
+    assert parse_output([1, 5, 7], out) == Generation(
+        prompt_ids=(1, 5, 7),
+        response_ids=(11, 12, 2),
+        response_logprobs=(-0.5, -1.0, -1.5),
+        truncated=False,
+    )
+
+
+def test_length_marks_truncation_and_text_entries_are_accepted() -> None:
+    out = _output([4, 4], {"type": "length", "length": 2}, with_ids=False, text="a")
+    generation = parse_output([1], out)
+    assert generation.truncated is True
+    assert generation.response_ids == (4, 4)
+
+
+def test_batch_and_single_dict_outputs() -> None:
+    outs = [_output([3], {"type": "stop", "matched": 3}), _output([9], {"type": "length"})]
+    assert [g.truncated for g in parse_outputs([[1], [2]], outs)] == [False, True]
+    assert len(parse_outputs([[1]], outs[0])) == 1
+    with pytest.raises(GenerationError, match="2 prompts but 1 SGLang outputs"):
+        parse_outputs([[1], [2]], [outs[0]])
+
+
+def test_empty_response_is_valid() -> None:
+    assert parse_output([1], _output([], {"type": "length", "length": 0})).response_ids == ()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda o: o.pop("meta_info"), "no meta_info"),
+        (lambda o: o["meta_info"].update(finish_reason=None), "unexpected finish_reason None"),
+        (
+            lambda o: o["meta_info"].update(finish_reason={"type": "abort", "message": "oom"}),
+            "aborted request req-1: oom",
+        ),
+        (lambda o: o["meta_info"].pop("output_token_logprobs"), "return_logprob=True"),
+        (lambda o: o["meta_info"]["output_token_logprobs"].__setitem__(0, (None, 5, None)),
+         "malformed logprob entry 0"),
+        (lambda o: o.update(output_ids=[5, 7]), "output_ids disagree"),
+        (lambda o: o["meta_info"].update(completion_tokens=7), "7 completion tokens but 2"),
+    ],
+)  # fmt: skip
+def test_malformed_outputs_are_rejected(mutate, message: str) -> None:
+    out = _output([5, 6], {"type": "stop", "matched": 6})
+    mutate(out)
+    with pytest.raises(GenerationError, match=message):
+        parse_output([1], out)
+
+
+def test_sampling_params_use_sglang_field_names() -> None:
+    assert sampling_params(SamplingParams(max_new_tokens=8, temperature=0.7, top_k=20)) == {
+        "max_new_tokens": 8,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "top_k": 20,
+    }
+    assert sampling_params(SamplingParams(max_new_tokens=1, seed=3))["sampling_seed"] == 3
+
+
+def test_heavy_packages_not_imported() -> None:
+    assert not any(m == "sglang" or m.startswith(("sglang.", "megatron")) for m in sys.modules)

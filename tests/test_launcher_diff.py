@@ -1,0 +1,148 @@
+"""The launcher diff on a throwaway git repository holding a copy of this checkout."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.diff import split_command, step_view
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCHER = "launchers/cpu/run_tiny_qwen3_lora.py"
+GIT_ID = ("-c", "user.name=diff test", "-c", "user.email=diff@test")
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *GIT_ID, "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository whose HEAD is this checkout's code (what recording needs)."""
+    listed = _git(ROOT, "ls-files", "--cached", "--others", "--exclude-standard").splitlines()
+    for name in listed:
+        if name.startswith(("harness/", "launchers/", "trainer/")) and (ROOT / name).is_file():
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tmp_path / name)
+    _git(tmp_path, "init", "--quiet")
+    _git(tmp_path, "add", "--all")
+    _git(tmp_path, "commit", "--quiet", "--message", "base")
+    return tmp_path
+
+
+def _diff(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "harness.diff", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _double_lora_rank(repo: Path) -> tuple[int, int]:
+    path = repo / LAUNCHER
+    source = path.read_text()
+    match = re.search(r"lora_rank: int = arg\((\d+)", source)
+    assert match, f"{LAUNCHER} no longer declares a lora_rank default"
+    old = int(match[1])
+    path.write_text(source.replace(match[0], f"lora_rank: int = arg({old * 2}", 1))
+    return old, old * 2
+
+
+def _worktrees(repo: Path) -> list[str]:
+    return [line for line in _git(repo, "worktree", "list").splitlines() if line]
+
+
+def test_no_change_exits_0(repo: Path) -> None:
+    done = _diff(repo, "--base", "HEAD")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        "No launcher changes against HEAD.\n",
+        "",
+    )
+    assert len(_worktrees(repo)) == 1
+
+
+def test_one_lora_default_is_exactly_one_flag_change(repo: Path) -> None:
+    old, new = _double_lora_rank(repo)
+    text = _diff(repo, "--base", "HEAD")
+    markdown = _diff(repo, "--base", "HEAD", "--format", "markdown")
+
+    assert text.returncode == 1, text.stderr
+    assert text.stdout == (
+        "Launcher changes against HEAD:\n"
+        + "".join(
+            f"{LAUNCHER} {entrypoint}:\n"
+            "  ray_job_submit python3 train.py:\n"
+            f"    flag changed: --lora-rank: {old} -> {new}\n"
+            for entrypoint in ("train", "full_train")
+        )
+    )
+
+    assert markdown.returncode == 1, markdown.stderr
+    rows = [line for line in markdown.stdout.splitlines() if line.startswith("| `")]
+    row = (
+        f"| `ray_job_submit python3 train.py` | flag changed | `--lora-rank` | `{old}` | `{new}` |"
+    )
+    assert rows == [row, row]
+    assert f"**`{LAUNCHER}` · `train`**" in markdown.stdout
+    assert len(_worktrees(repo)) == 1
+
+
+def test_unknown_revision_is_one_line_and_exit_2(repo: Path) -> None:
+    done = _diff(repo, "--base", "no-such-rev")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == "python -m harness.diff: error: unknown revision 'no-such-rev'\n"
+
+
+def test_worktree_is_removed_when_the_base_cannot_record(repo: Path) -> None:
+    (repo / LAUNCHER).write_text((repo / LAUNCHER).read_text() + "\nraise SystemExit('broken')\n")
+    _git(repo, "commit", "--quiet", "--all", "--message", "broken launcher")
+    _git(repo, "checkout", "--quiet", "HEAD~1", "--", LAUNCHER)
+    done = _diff(repo, "--base", "HEAD")
+    assert done.returncode == 2
+    assert done.stderr == "python -m harness.diff: error: cannot record HEAD: broken\n"
+    assert len(_worktrees(repo)) == 1
+
+
+def test_split_command_keeps_values_and_switches() -> None:
+    argv = ["python3", "train.py", "--colocate", "--rollout-top-k", "-1"]
+    command, flags = split_command([*argv, "--eval-prompt-data", "aime24", "/data/aime 24.jsonl"])
+    assert command == "python3 train.py"
+    assert flags == (
+        ("--colocate", None),
+        ("--rollout-top-k", "-1"),
+        ("--eval-prompt-data", "aime24 '/data/aime 24.jsonl'"),
+    )
+    assert split_command(["python3", "-m", "trainer.tiny", "--seed", "0"]) == (
+        "python3 -m trainer.tiny",
+        (("--seed", "0"),),
+    )
+
+
+def test_step_view_separates_flags_env_and_settings() -> None:
+    view = step_view(
+        {
+            "kind": "ray_job_submit",
+            "address": "http://127.0.0.1:8265",
+            "entrypoint": ["python3", "train.py", "--lora-rank", "64"],
+            "runtime_env": {"env_vars": {"NCCL_NVLS_ENABLE": "0"}, "working_dir": "/w"},
+        }
+    )
+    assert view.label == "ray_job_submit python3 train.py"
+    assert view.flags == (("--lora-rank", "64"),)
+    assert view.env == {"NCCL_NVLS_ENABLE": "0"}
+    assert view.settings == {"address": "http://127.0.0.1:8265", "runtime_env.working_dir": "/w"}

@@ -1,0 +1,178 @@
+"""Live execution of steps, without touching Ray or the Hub: real subprocesses in a temp dir,
+a fake Hub download function and a fake Ray job client."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from ray.job_submission import JobStatus
+
+from harness.context import Plan
+from harness.hardware import get_hardware
+from harness.host import HostView
+from harness.live import StepFailed, execute_plan, live_env, run_job, run_step
+from harness.steps import HubDownload, RayJobSubmit, RayStop, Shell, Step
+from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
+
+
+def plan_of(*steps: Step, env: dict[str, str] | None = None) -> Plan:
+    host = HostView(env if env is not None else dict(os.environ), "/h", "/c", "/c", "r")
+    return Plan(CPU, "train", get_hardware("CPU"), host, steps)
+
+
+def test_live_env_puts_this_interpreter_first_on_path():
+    env = live_env({"PATH": "/usr/bin:/bin", "X": "1"})
+    assert env["PATH"].split(os.pathsep) == [os.path.dirname(sys.executable), "/usr/bin", "/bin"]
+    assert env["X"] == "1"
+
+
+def test_shell_runs_in_its_cwd_with_its_env_and_the_interpreter_as_python3(tmp_path):
+    script = (
+        "import os, sys; open('out.txt', 'w').write(os.environ['GREETING'] + ' ' + sys.executable)"
+    )
+    step = Shell(("python3", "-c", script), cwd=str(tmp_path), env={"GREETING": "hi"})
+    assert execute_plan(plan_of(step)) == 0
+    greeting, executable = (tmp_path / "out.txt").read_text().split(" ", 1)
+    assert greeting == "hi"
+    assert os.path.dirname(executable) == os.path.dirname(sys.executable)
+
+
+def test_a_failing_step_stops_the_plan_with_its_exit_code(tmp_path):
+    fail = Shell(("python3", "-c", "raise SystemExit(7)"))
+    never = Shell(("python3", "-c", "open('never', 'w')"), cwd=str(tmp_path))
+    assert execute_plan(plan_of(fail, never)) == 7
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_missing_program_is_a_failed_step():
+    with pytest.raises(StepFailed, match="no-such-program-xyz"):
+        run_step(Shell(("no-such-program-xyz",)), live_env())
+
+
+def test_ray_is_stopped_even_when_the_job_fails_or_is_interrupted():
+    ran: list[Step] = []
+
+    def fake_run(step: Step, env) -> None:
+        ran.append(step)
+        if isinstance(step, RayJobSubmit):
+            raise StepFailed("job failed", 5)
+
+    job = RayJobSubmit("http://127.0.0.1:8265", ("python3", "train.py"))
+    later = Shell(("true",))
+    assert execute_plan(plan_of(job, later, RayStop()), fake_run) == 5
+    assert ran == [job, RayStop()]
+
+    def interrupted(step: Step, env) -> None:
+        ran.append(step)
+        if isinstance(step, RayJobSubmit):
+            raise KeyboardInterrupt
+
+    ran.clear()
+    with pytest.raises(KeyboardInterrupt):
+        execute_plan(plan_of(job, RayStop()), interrupted)
+    assert ran == [job, RayStop()]
+
+
+def test_hub_download_uses_snapshot_download(monkeypatch):
+    calls = []
+    monkeypatch.setattr("huggingface_hub.snapshot_download", lambda **kw: calls.append(kw))
+    run_step(HubDownload("zhuzilin/aime-2024", "/d/aime", "dataset", ("*.jsonl",)), {})
+    run_step(HubDownload("Qwen/Qwen3-4B", "/m/q"), {})
+    assert calls == [
+        {
+            "repo_id": "zhuzilin/aime-2024",
+            "repo_type": "dataset",
+            "local_dir": "/d/aime",
+            "allow_patterns": ["*.jsonl"],
+        },
+        {
+            "repo_id": "Qwen/Qwen3-4B",
+            "repo_type": "model",
+            "local_dir": "/m/q",
+            "allow_patterns": None,
+        },
+    ]
+
+
+def test_a_failed_download_is_a_failed_step(monkeypatch):
+    def offline(**kw):
+        raise OSError("no network")
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", offline)
+    with pytest.raises(StepFailed, match="downloading Qwen/Qwen3-4B: no network"):
+        run_step(HubDownload("Qwen/Qwen3-4B", "/m/q"), {})
+
+
+@dataclass
+class FakeInfo:
+    driver_exit_code: int | None
+    message: str
+
+
+class FakeJobClient:
+    """Stands in for ray.job_submission.JobSubmissionClient."""
+
+    def __init__(self, statuses: list[JobStatus], exit_code: int | None = None, interrupt=False):
+        self.statuses = statuses
+        self.exit_code = exit_code
+        self.interrupt = interrupt
+        self.submitted: dict = {}
+        self.stopped: list[str] = []
+
+    def submit_job(self, *, entrypoint: str, runtime_env: dict) -> str:
+        self.submitted = {"entrypoint": entrypoint, "runtime_env": runtime_env}
+        return "raysubmit_1"
+
+    async def tail_job_logs(self, job_id: str) -> AsyncIterator[str]:
+        yield "step 1\n"
+        if self.interrupt:
+            raise KeyboardInterrupt
+        yield "step 2\n"
+
+    def get_job_status(self, job_id: str) -> JobStatus:
+        return self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+
+    def get_job_info(self, job_id: str) -> FakeInfo:
+        return FakeInfo(self.exit_code, "train.py failed")
+
+    def stop_job(self, job_id: str) -> bool:
+        self.stopped.append(job_id)
+        return True
+
+
+JOB = RayJobSubmit(
+    "http://127.0.0.1:8265",
+    ("python3", "train.py", "--prompt-data", "/d/a b.jsonl"),
+    {"env_vars": {"WANDB_API_KEY": "real-key"}, "working_dir": "/c"},
+)
+
+
+def test_a_job_is_submitted_with_real_secrets_and_its_logs_streamed(capsys, monkeypatch):
+    monkeypatch.setattr("harness.live._POLL_S", 0)
+    client = FakeJobClient([JobStatus.RUNNING, JobStatus.SUCCEEDED])
+    run_job(JOB, client)
+    assert client.submitted == {
+        "entrypoint": "python3 train.py --prompt-data '/d/a b.jsonl'",
+        "runtime_env": {"env_vars": {"WANDB_API_KEY": "real-key"}, "working_dir": "/c"},
+    }
+    assert capsys.readouterr().out == "step 1\nstep 2\n"
+
+
+def test_a_failed_job_reports_its_driver_exit_code():
+    with pytest.raises(StepFailed, match=r"raysubmit_1 FAILED: train\.py failed") as failure:
+        run_job(JOB, FakeJobClient([JobStatus.FAILED], exit_code=2))
+    assert failure.value.exit_code == 2
+    with pytest.raises(StepFailed) as stopped:
+        run_job(JOB, FakeJobClient([JobStatus.STOPPED], exit_code=None))
+    assert stopped.value.exit_code == 1
+
+
+def test_ctrl_c_stops_the_job():
+    client = FakeJobClient([JobStatus.RUNNING], interrupt=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(JOB, client)
+    assert client.stopped == ["raysubmit_1"]

@@ -1,0 +1,186 @@
+"""SGLang server arguments built from train.py's argv, validated against ServerArgs' fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+import types
+from typing import Literal, Optional
+
+import pytest
+
+from trainer.arguments import parse_args
+from trainer.backends import sglang_args
+from trainer.backends.sglang_args import FieldType, SGLangArgError, parse_annotation
+
+FIELDS, SOURCE = sglang_args.static_fields()
+
+# The SGLang block of the AMD Qwen3-4B launcher (DESIGN.md section 2), colocated on 8 GPUs.
+AMD_ARGV = [
+    "--hf-checkpoint", "/models/Qwen3-4B", "--prompt-data", "/data/dapo-math-17k.jsonl",
+    "--lora-rank", "64", "--lora-alpha", "32", "--target-modules", "all-linear",
+    "--lora-base-cpu-backup", "--train-backend", "megatron", "--rollout-backend", "sglang",
+    "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--num-gpus-per-node", "8",
+    "--colocate", "--rollout-num-gpus-per-engine", "1", "--sglang-mem-fraction-static", "0.4",
+    "--sglang-chunked-prefill-size", "4096", "--sglang-lora-backend", "triton",
+    "--sglang-attention-backend", "triton", "--rollout-batch-size", "8",
+    "--n-samples-per-prompt", "8", "--global-batch-size", "64",
+]  # fmt: skip
+
+
+def _build(*extra: str, base: list[str] = AMD_ARGV) -> dict:
+    return sglang_args.build_server_args(parse_args([*base, *extra]), fields=FIELDS, source=SOURCE)
+
+
+def test_amd_launcher_argv_builds_the_expected_server_args() -> None:
+    assert _build() == {
+        "model_path": "/models/Qwen3-4B",
+        "tp_size": 1,
+        "base_gpu_id": 0,
+        "random_seed": 1234,
+        "dtype": "bfloat16",
+        "enable_lora": True,
+        "max_lora_rank": 64,
+        "lora_target_modules": [
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+        ],
+        "mem_fraction_static": 0.4,
+        "chunked_prefill_size": 4096,
+        "lora_backend": "triton",
+        "attention_backend": "triton",
+        "enable_memory_saver": True,
+        "enable_weights_cpu_backup": True,
+    }  # fmt: skip
+
+
+def test_extra_flags_map_onto_server_args_fields_with_their_types() -> None:
+    kwargs = _build(
+        "--sglang-disable-cuda-graph",
+        "--sglang-max-running-requests", "64",
+        "--sglang-cuda-graph-bs", "1", "2", "4",
+        "--sglang-context-length=none",
+        "--sglang-schedule-conservativeness", "0.5",
+        "--sglang-deepep-mode", "low_latency",
+        "--sglang-log-level", "warning",
+    )  # fmt: skip
+    assert kwargs["disable_cuda_graph"] is True
+    assert kwargs["max_running_requests"] == 64
+    assert kwargs["cuda_graph_bs"] == [1, 2, 4]
+    assert kwargs["context_length"] is None
+    assert kwargs["schedule_conservativeness"] == 0.5
+    assert kwargs["deepep_mode"] == "low_latency"
+    assert kwargs["log_level"] == "warning"
+
+
+def test_unknown_flag_is_rejected_with_close_names() -> None:
+    with pytest.raises(SGLangArgError) as err:
+        _build("--sglang-max-runing-requests", "8")
+    message = str(err.value)
+    assert message.startswith("--sglang-max-runing-requests: unknown SGLang server argument")
+    assert "did you mean --sglang-max-running-requests" in message
+    assert "SGLang 0.5.9 table" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--sglang-tp-size", "2", "set by --rollout-num-gpus-per-engine"),
+        ("--sglang-mem_fraction_static", "0.5", "set by --sglang-mem-fraction-static"),
+        ("--sglang-max-running-requests", "lots", "expected an integer, got 'lots'"),
+        ("--sglang-disable-radix-cache", "maybe", "expected true or false"),
+        ("--sglang-deepep-mode", "fast", "expected one of auto, normal, low_latency"),
+        ("--sglang-extra-metric-labels", "{bad", "expected JSON"),
+        ("--sglang-custom-sigquit-handler", "x", "cannot be set from the command line"),
+    ],
+)
+def test_bad_extra_values(flag: str, value: str, message: str) -> None:
+    with pytest.raises(SGLangArgError, match=message):
+        _build(flag, value)
+
+
+def test_colocate_without_backup_does_not_keep_a_weights_copy() -> None:
+    base = [a for a in AMD_ARGV if a != "--lora-base-cpu-backup"]
+    kwargs = _build(base=base)
+    assert kwargs["enable_memory_saver"] is True
+    assert "enable_weights_cpu_backup" not in kwargs
+
+
+def test_lora_targets_follow_the_training_backend() -> None:
+    megatron = _build("--target-modules", "q_proj,v_proj")
+    assert megatron["lora_target_modules"] == ["q_proj", "k_proj", "v_proj"]
+    torch_base = [a if a != "megatron" else "torch" for a in AMD_ARGV]
+    peft = _build(
+        "--target-modules", "q_proj,v_proj", "--exclude-modules", "v_proj", base=torch_base
+    )
+    assert peft["lora_target_modules"] == ["q_proj"]
+
+
+def test_a_field_missing_from_the_installed_sglang_is_named() -> None:
+    fields = {k: v for k, v in FIELDS.items() if k != "enable_weights_cpu_backup"}
+    args = parse_args(AMD_ARGV)
+    with pytest.raises(SGLangArgError, match="no server argument enable_weights_cpu_backup"):
+        sglang_args.build_server_args(args, fields=fields, source="installed SGLang 0.5.2")
+
+
+@pytest.mark.parametrize(
+    ("annotation", "expected"),
+    [
+        ("int", FieldType("int")),
+        ("Optional[float]", FieldType("float", nullable=True)),
+        ("Optional[List[int]]", FieldType("list", element="int", nullable=True)),
+        ("Literal['a', 'b']", FieldType("str", choices=("a", "b"))),
+        ("Literal[None, 'm']", FieldType("str", nullable=True, choices=("m",))),
+        ("Optional[Dict[str, Any]]", FieldType("json", nullable=True)),
+        ("Optional[Union[str, Dict]]", FieldType("str", nullable=True, accepts_json=True)),
+        ("Optional[Union[int]]", FieldType("int", nullable=True)),
+        ("int | None", FieldType("int", nullable=True)),
+        ("Optional[Callable]", FieldType("unsupported", nullable=True)),
+    ],
+)
+def test_parse_annotation(annotation: str, expected: FieldType) -> None:
+    assert parse_annotation(annotation) == expected
+
+
+def test_structured_union_value_is_read_as_json() -> None:
+    field = parse_annotation("Optional[Union[str, Dict[str, int]]]")
+    assert sglang_args.coerce("--sglang-x", '{"a": 1}', field) == {"a": 1}
+    assert sglang_args.coerce("--sglang-x", "plain", field) == "plain"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="SGLang is installed")
+def test_without_sglang_the_static_table_is_used() -> None:
+    fields, source = sglang_args.server_fields()
+    assert fields == FIELDS
+    assert "0.5.9 table" in source
+
+
+def test_installed_serverargs_is_read_from_its_dataclass_fields(monkeypatch) -> None:
+    # Real typing objects, not strings: what a ServerArgs without postponed annotations holds.
+    server_args = dataclasses.make_dataclass(
+        "ServerArgs",
+        [
+            ("model_path", str),
+            ("tp_size", int, 1),
+            ("new_knob", Optional[int], None),  # noqa: UP045
+            ("mode", Literal["x", "y"], "x"),
+        ],
+    )
+    assert not isinstance(dataclasses.fields(server_args)[2].type, str)
+
+    module = types.ModuleType("sglang.srt.server_args")
+    module.ServerArgs = server_args
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.server_args", module)
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "9.9.9")
+    fields, source = sglang_args.installed_fields()
+    assert source == "installed SGLang 9.9.9"
+    assert fields["new_knob"] == FieldType("int", nullable=True)
+    assert fields["mode"] == FieldType("str", choices=("x", "y"))
+    assert sglang_args.coerce_extra({"new-knob": "3"}, fields, source) == {"new_knob": 3}
+
+
+def test_heavy_packages_not_imported() -> None:
+    assert not any(m == "sglang" or m.startswith(("sglang.", "megatron")) for m in sys.modules)

@@ -1,0 +1,174 @@
+"""Step rendering: canonical shell text, quoting, one flag per line, redaction."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from harness.secrets import REDACTED, is_secret, scrub
+from harness.steps import (
+    HubDownload,
+    ProcessCleanup,
+    RayJobSubmit,
+    RayStart,
+    RayStop,
+    Shell,
+    train_py_argv,
+)
+
+
+def words(text: str) -> list[str]:
+    """What a POSIX shell would split the rendered text into."""
+    return shlex.split(text.replace("\\\n", ""))
+
+
+def test_hub_download_renders_hf_cli_with_quoted_paths():
+    step = HubDownload(
+        "zhuzilin/dapo-math-17k", "/data sets/dapo", "dataset", allow_patterns=("*.jsonl", "a b")
+    )
+    assert step.render() == (
+        "hf download zhuzilin/dapo-math-17k \\\n"
+        "  --repo-type dataset \\\n"
+        "  --local-dir '/data sets/dapo' \\\n"
+        "  --include '*.jsonl' \\\n"
+        "  --include 'a b'"
+    )
+    assert words(step.render()) == list(step.commands()[0].argv)
+
+
+def test_hub_download_rejects_unknown_repo_type():
+    with pytest.raises(ValueError, match="repo_type"):
+        HubDownload("a/b", "/x", "space")  # type: ignore[arg-type]
+
+
+def test_short_commands_stay_on_one_line():
+    assert RayStop().render() == "ray stop"
+    assert RayStop(force=True).render() == "ray stop --force"
+    assert ProcessCleanup(names=("sglang",), patterns=("python3 train.py",)).render() == (
+        "pkill -9 sglang || true\npkill -9 -f 'python3 train.py' || true\nray stop --force"
+    )
+    assert ProcessCleanup(names=("x",), stop_ray=False).render() == "pkill -9 x || true"
+
+
+def test_ray_start_head_puts_env_first_and_one_flag_per_line():
+    step = RayStart("10.0.0.1", num_gpus=8, num_cpus=16, env={"B": "2", "A": "x y"})
+    assert step.render() == (
+        "A='x y' \\\n"
+        "B=2 \\\n"
+        "ray start \\\n"
+        "  --head \\\n"
+        "  --node-ip-address 10.0.0.1 \\\n"
+        "  --port 6379 \\\n"
+        "  --num-gpus 8 \\\n"
+        "  --num-cpus 16 \\\n"
+        "  --dashboard-host 127.0.0.1 \\\n"
+        "  --dashboard-port 8265 \\\n"
+        "  --disable-usage-stats"
+    )
+
+
+def test_ray_start_worker_joins_the_head():
+    step = RayStart("10.0.0.2", num_gpus=8, head=False, head_address="10.0.0.1:6379")
+    assert words(step.render()) == [
+        "ray", "start", "--address", "10.0.0.1:6379", "--node-ip-address", "10.0.0.2",
+        "--num-gpus", "8", "--disable-usage-stats",
+    ]  # fmt: skip
+    with pytest.raises(ValueError):
+        RayStart("10.0.0.2", num_gpus=8, head=False)
+    with pytest.raises(ValueError):
+        RayStart("10.0.0.1", num_gpus=8, head_address="10.0.0.9:6379")
+
+
+def test_job_submit_renders_compact_sorted_runtime_env_and_redacts_secrets():
+    step = RayJobSubmit(
+        "http://127.0.0.1:8265",
+        ["python3", "train.py", "--lr", "-1e-05", "--eval-prompt-data", "aime", "/d/a b.jsonl"],
+        {
+            "working_dir": "/co de",
+            "env_vars": {"WANDB_API_KEY": "sk-real", "HF_TOKEN": "hf_real", "B": "1", "A": "2"},
+        },
+    )
+    text = step.render()
+    assert "sk-real" not in text and "hf_real" not in text
+    argv = words(text)
+    runtime_env = json.loads(argv[argv.index("--runtime-env-json") + 1])
+    assert runtime_env == {
+        "env_vars": {"A": "2", "B": "1", "HF_TOKEN": REDACTED, "WANDB_API_KEY": REDACTED},
+        "working_dir": "/co de",
+    }
+    assert (
+        '\'{"env_vars":{"A":"2","B":"1","HF_TOKEN":"<redacted>","WANDB_API_KEY":"<redacted>"},'
+        '"working_dir":"/co de"}\'' in text
+    )
+    assert text.splitlines()[3:] == [
+        "  -- python3 train.py \\",
+        "  --lr -1e-05 \\",
+        "  --eval-prompt-data aime '/d/a b.jsonl'",
+    ]
+    assert step.env_vars["WANDB_API_KEY"] == "sk-real", "the live step keeps the real value"
+
+
+def test_to_dict_is_structured_and_redacted():
+    step = Shell(["python3", "-c", "pass"], cwd="/w", env={"MY_SECRET": "s3", "X": "1"})
+    assert step.to_dict() == {
+        "kind": "shell",
+        "argv": ("python3", "-c", "pass"),
+        "cwd": "/w",
+        "env": {"MY_SECRET": REDACTED, "X": "1"},
+    }
+    assert step.env["MY_SECRET"] == "s3"
+
+
+def test_shell_renders_cwd_and_env_as_valid_shell():
+    step = Shell(
+        ("python3", "-m", "trainer.tiny", "--model-dir", "/m m"), cwd="/c o", env={"K": "v"}
+    )
+    assert step.render() == (
+        "cd '/c o' && \\\nK=v \\\npython3 -m trainer.tiny \\\n  --model-dir '/m m'"
+    )
+    assert words(step.render()) == ["cd", "/c o", "&&", "K=v", *step.argv]
+
+
+def test_steps_are_immutable_values():
+    step = Shell(["echo", "hi"])
+    assert step.argv == ("echo", "hi")
+    assert step == Shell(("echo", "hi"))
+    with pytest.raises(AttributeError):
+        step.argv = ("no",)  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        Shell(())
+    with pytest.raises(ValueError):
+        RayJobSubmit("http://x:8265", ())
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("WANDB_API_KEY", True),
+        ("HF_TOKEN", True),
+        ("GITHUB_TOKEN", True),
+        ("AWS_SECRET", True),
+        ("DB_PASSWORD", True),
+        ("wandb_api_key", True),
+        ("WANDB_PROJECT", False),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("HIP_VISIBLE_DEVICES", False),
+    ],
+)
+def test_secret_names(name, secret):
+    assert is_secret(name) is secret
+
+
+def test_scrub_removes_secret_values_anywhere_in_text():
+    env = {"WANDB_API_KEY": "abcd1234", "HOME": "/root", "HF_TOKEN": "xy"}
+    assert scrub("--x abcd1234 /root xy", env) == f"--x {REDACTED} /root xy"
+
+
+def test_train_py_argv_finds_the_trainer_in_jobs_and_shells():
+    job = RayJobSubmit("http://h:8265", ("python3", "train.py", "--lr", "1"))
+    assert train_py_argv(job) == ("--lr", "1")
+    assert train_py_argv(Shell(("python", "train.py"))) == ()
+    assert train_py_argv(Shell(("python3", "-m", "trainer.tiny"))) is None
+    assert train_py_argv(RayStop()) is None

@@ -1,0 +1,120 @@
+"""The two narrow interfaces the GRPO loop talks to.
+
+A *rollout engine* generates responses with per-token log-probabilities and takes LoRA adapter
+updates; a *policy trainer* computes log-probabilities (with the adapter, or without it for the
+reference policy), takes optimizer steps and exports its adapter. Portable backends (PEFT +
+transformers) and production backends (Megatron-Bridge + SGLang) implement them; the loop never
+knows which pair it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled response: token ids, the engine's log-probability of each, truncation."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    response_logprobs: tuple[float, ...]
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """A LoRA adapter in memory, under Hugging Face PEFT parameter names.
+
+    `tensors` maps PEFT state-dict names (``base_model.model...lora_A.weight``) to CPU tensors;
+    `config` is the PEFT ``LoraConfig`` as a dict (what ``adapter_config.json`` holds).
+    """
+
+    tensors: Mapping[str, torch.Tensor]
+    config: Mapping[str, Any]
+    version: int = 0
+
+
+@dataclass
+class TrainBatch:
+    """Right-padded sequences (prompt + response) for a policy trainer.
+
+    `loss_mask` is 1 on response tokens that count towards the loss. Per-token tensors
+    (`old_logprobs`, `ref_logprobs`, `advantages`) align with `input_ids[:, 1:]`, i.e. entry t
+    belongs to the token at position t + 1, predicted from positions <= t.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    rollout_logprobs: torch.Tensor | None = None
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    """Per-token log-probabilities (and entropies when asked), aligned with `input_ids[:, 1:]`."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+
+
+LossFn = Callable[[ForwardOutput, TrainBatch], tuple["torch.Tensor", dict[str, float]]]
+"""Maps a micro-batch's forward output to (loss, metrics). The loss is already scaled for
+accumulation over the step's micro-batches; the trainer only calls backward on it."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    grad_norm: float
+    metrics: dict[str, float]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]: ...
+
+    def load_adapter(self, adapter: LoraAdapter) -> None: ...
+
+    def release_memory(self) -> None: ...
+
+    def resume_memory(self) -> None: ...
+
+
+@runtime_checkable
+class PolicyTrainer(Protocol):
+    def forward(
+        self, batch: TrainBatch, *, with_adapter: bool, with_entropy: bool = False
+    ) -> ForwardOutput: ...
+
+    def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> StepResult: ...
+
+    def export_adapter(self) -> LoraAdapter: ...
+
+    def save(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None: ...
+
+    def release_memory(self) -> None: ...
+
+    def resume_memory(self) -> None: ...

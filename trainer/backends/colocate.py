@@ -1,0 +1,83 @@
+"""Who holds the shared GPUs: the policy trainer or the rollout engine.
+
+With ``--colocate`` both live on the same devices and take turns::
+
+    colocation.start()                 # setup: engine.release_memory()
+    with colocation.rollout():         # trainer.release_memory(); engine.resume_memory()
+        engine.load_adapter(...)
+        engine.generate(...)
+    # on exit                          # engine.release_memory(); trainer.resume_memory()
+    trainer.train_step(...)
+
+Without ``--colocate`` the same phases are tracked and no memory call is made, so the loop reads
+the same either way. Calls out of order raise `ColocateOrderError`. `calls` records every
+release/resume made, in order. The holders are anything with ``release_memory()`` and
+``resume_memory()`` (a backend, or a group of Ray actors behind such methods).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+
+class MemoryHolder(Protocol):
+    def release_memory(self) -> None: ...
+
+    def resume_memory(self) -> None: ...
+
+
+class Phase(enum.Enum):
+    SETUP = "setup"  # both just built; nothing released yet
+    TRAIN = "train"  # trainer resident, engine released (when colocated)
+    ROLLOUT = "rollout"  # engine resident, trainer released (when colocated)
+    FAILED = "failed"  # an error inside a rollout phase left memory in an unknown state
+
+
+class ColocateOrderError(AssertionError):
+    """A memory phase transition or a backend call made in the wrong phase."""
+
+
+class Colocation:
+    def __init__(self, trainer: MemoryHolder, engine: MemoryHolder, *, colocate: bool) -> None:
+        self.trainer = trainer
+        self.engine = engine
+        self.colocate = colocate
+        self.phase = Phase.SETUP
+        self.calls: list[str] = []
+
+    def require(self, phase: Phase, doing: str) -> None:
+        if self.phase is not phase:
+            raise ColocateOrderError(
+                f"{doing} needs the {phase.value} phase, but the GPUs are in the "
+                f"{self.phase.value} phase"
+            )
+
+    def start(self) -> None:
+        """Leave setup with the trainer resident (colocated: the engine gives its memory up)."""
+        self.require(Phase.SETUP, "start")
+        self._call(self.engine, "engine", "release_memory")
+        self.phase = Phase.TRAIN
+
+    @contextmanager
+    def rollout(self) -> Iterator[None]:
+        """The engine holds the GPUs inside the block, the trainer again after it."""
+        self.require(Phase.TRAIN, "rollout")
+        self._call(self.trainer, "trainer", "release_memory")
+        self._call(self.engine, "engine", "resume_memory")
+        self.phase = Phase.ROLLOUT
+        try:
+            yield
+        except BaseException:
+            self.phase = Phase.FAILED
+            raise
+        self._call(self.engine, "engine", "release_memory")
+        self._call(self.trainer, "trainer", "resume_memory")
+        self.phase = Phase.TRAIN
+
+    def _call(self, holder: MemoryHolder, who: str, method: str) -> None:
+        if self.colocate:
+            getattr(holder, method)()
+            self.calls.append(f"{who}.{method}")

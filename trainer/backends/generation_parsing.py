@@ -1,0 +1,83 @@
+"""SGLang ``Engine.generate`` requests and outputs: `SamplingParams` in, `Generation` out.
+
+With ``return_logprob=True`` each output carries ``meta_info.output_token_logprobs``, a list of
+``(logprob, token_id, text_or_None)`` per generated token, and ``meta_info.finish_reason``:
+``{"type": "length", ...}`` (hit the token limit: truncated), ``{"type": "stop", ...}`` (EOS or
+a stop token/string) or ``{"type": "abort", "message": ...}``. Format as of SGLang 0.5.9
+(``TokenizerManager.detokenize_logprob_tokens``, ``schedule_batch.FINISH_*.to_json``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainer.backends.base import Generation, SamplingParams
+
+
+class GenerationError(RuntimeError):
+    """An engine output that cannot be turned into a training sample."""
+
+
+def sampling_params(params: SamplingParams) -> dict[str, Any]:
+    """``sampling_params`` for ``Engine.generate`` (SGLang's ``SamplingParams`` fields; a
+    temperature of 0 is greedy there, top_k -1 is off)."""
+    out: dict[str, Any] = {
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+    }
+    if params.seed is not None:
+        out["sampling_seed"] = params.seed
+    return out
+
+
+def parse_output(prompt_ids: Sequence[int], output: Mapping[str, Any]) -> Generation:
+    meta = output.get("meta_info")
+    if not isinstance(meta, Mapping):
+        raise GenerationError("SGLang output has no meta_info")
+    rid = meta.get("id", "?")
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, Mapping) else None
+    if kind == "abort":
+        raise GenerationError(f"SGLang aborted request {rid}: {finish.get('message')}")
+    if kind not in ("length", "stop"):
+        raise GenerationError(f"request {rid}: unexpected finish_reason {finish!r}")
+    entries = meta.get("output_token_logprobs")
+    if entries is None:
+        raise GenerationError(
+            f"request {rid}: no output_token_logprobs (generate needs return_logprob=True)"
+        )
+    token_ids: list[int] = []
+    logprobs: list[float] = []
+    for position, entry in enumerate(entries):
+        if len(entry) < 2 or entry[0] is None or entry[1] is None:
+            raise GenerationError(f"request {rid}: malformed logprob entry {position}: {entry!r}")
+        logprobs.append(float(entry[0]))
+        token_ids.append(int(entry[1]))
+    output_ids = output.get("output_ids")
+    if output_ids is not None and list(output_ids) != token_ids:
+        raise GenerationError(f"request {rid}: output_ids disagree with output_token_logprobs")
+    completion = meta.get("completion_tokens")
+    if completion is not None and completion != len(token_ids):
+        raise GenerationError(
+            f"request {rid}: {completion} completion tokens but {len(token_ids)} logprobs"
+        )
+    return Generation(
+        prompt_ids=tuple(prompt_ids),
+        response_ids=tuple(token_ids),
+        response_logprobs=tuple(logprobs),
+        truncated=kind == "length",
+    )
+
+
+def parse_outputs(
+    prompts: Sequence[Sequence[int]], outputs: Sequence[Mapping[str, Any]] | Mapping[str, Any]
+) -> list[Generation]:
+    """One `Generation` per prompt; a single-prompt call may return a bare dict."""
+    if isinstance(outputs, Mapping):
+        outputs = [outputs]
+    if len(outputs) != len(prompts):
+        raise GenerationError(f"{len(prompts)} prompts but {len(outputs)} SGLang outputs")
+    return [parse_output(p, o) for p, o in zip(prompts, outputs, strict=True)]

@@ -1,0 +1,124 @@
+"""Portable rollout engine: transformers generation with per-token log-probabilities.
+
+The log-probability of each sampled token is computed from the model's raw logits divided by
+the sampling temperature (``log_softmax(logits / T)``), before top-p/top-k truncation: the
+same definition the policy trainer uses, so `train_rollout_logprob_abs_diff` measures only
+numerical drift between the two engines, never a difference of definitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from trainer.backends.base import Generation, LoraAdapter, SamplingParams
+from trainer.backends.devices import empty_cache, torch_dtype
+
+
+class HFRolloutEngine:
+    """A transformers causal LM that samples responses; LoRA adapters arrive in memory."""
+
+    def __init__(self, model_path: str, *, device: str = "cpu", dtype: str = "fp32") -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
+        self.model.to(self.device).eval()
+        generation = self.model.generation_config
+        eos = generation.eos_token_id if generation.eos_token_id is not None else []
+        self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos])
+        pad = generation.pad_token_id
+        self.pad_id: int = pad if pad is not None else min(self.eos_ids, default=0)
+        self.adapter_version: int | None = None
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]:
+        import torch
+
+        if not prompts:
+            return []
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        greedy = params.temperature <= 0
+        sampling: dict[str, Any] = (
+            {"do_sample": False}
+            if greedy
+            else {
+                "do_sample": True,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k if params.top_k > 0 else None,
+            }
+        )
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=sorted(self.eos_ids),
+                pad_token_id=self.pad_id,
+                output_logits=True,
+                return_dict_in_generate=True,
+                **sampling,
+            )
+        new_tokens = out.sequences[:, width:].cpu()
+        scale = 1.0 if greedy else params.temperature
+        logits = torch.stack(out.logits, dim=1).float().cpu() / scale
+        logprobs = logits.log_softmax(-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        return [
+            self._generation(prompt, new_tokens[row].tolist(), logprobs[row].tolist(), params)
+            for row, prompt in enumerate(prompts)
+        ]
+
+    def _generation(
+        self,
+        prompt: Sequence[int],
+        tokens: list[int],
+        logprobs: list[float],
+        params: SamplingParams,
+    ) -> Generation:
+        end = next((i + 1 for i, token in enumerate(tokens) if token in self.eos_ids), None)
+        length = end if end is not None else len(tokens)
+        return Generation(
+            prompt_ids=tuple(prompt),
+            response_ids=tuple(tokens[:length]),
+            response_logprobs=tuple(logprobs[:length]),
+            truncated=end is None and length >= params.max_new_tokens,
+        )
+
+    def load_adapter(self, adapter: LoraAdapter) -> None:
+        from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+
+        if not isinstance(self.model, PeftModel):
+            config = LoraConfig.from_peft_type(**dict(adapter.config))
+            self.model = get_peft_model(self.model, config).eval()
+        tensors = {name: tensor.to(self.device) for name, tensor in adapter.tensors.items()}
+        result = set_peft_model_state_dict(self.model, tensors)
+        if result.unexpected_keys:
+            raise ValueError(f"adapter tensors the model lacks: {result.unexpected_keys[:3]}")
+        self.adapter_version = adapter.version
+
+    def release_memory(self) -> None:
+        if self.device.type != "cpu":
+            self.model.to("cpu")
+            empty_cache(self.device)
+
+    def resume_memory(self) -> None:
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+
+
+def create(args: argparse.Namespace, device: str) -> HFRolloutEngine:
+    """The ``--rollout-backend hf`` factory (see `trainer.backends.registry`)."""
+    from trainer.arguments import resolve_dtype
+
+    return HFRolloutEngine(args.hf_checkpoint, device=device, dtype=resolve_dtype(args, device))

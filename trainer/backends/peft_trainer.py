@@ -1,0 +1,285 @@
+"""Portable policy trainer: PEFT LoRA on a transformers causal LM, AdamW, micro-batches.
+
+The reference policy is the same model with its adapter disabled (no second copy). Log-
+probabilities are ``log_softmax(logits / temperature)``, the rollout engine's definition.
+With several data-parallel ranks (torch.distributed initialised by the caller), gradients are
+averaged over ranks before clipping; every rank holds the same weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from trainer.backends.base import ForwardOutput, LoraAdapter, LossFn, StepResult, TrainBatch
+from trainer.backends.devices import empty_cache, torch_dtype
+
+ADAPTER_DIR = "adapter"
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int
+    alpha: float
+    dropout: float = 0.0
+    target_modules: str | tuple[str, ...] = "all-linear"
+    exclude_modules: tuple[str, ...] = ()
+
+    def peft_config(self) -> Any:
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=(
+                self.target_modules
+                if isinstance(self.target_modules, str)
+                else list(self.target_modules)
+            ),
+            exclude_modules=list(self.exclude_modules) or None,
+            task_type="CAUSAL_LM",
+        )
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    lr: float
+    total_iters: int
+    min_lr: float = 0.0
+    decay_style: str = "constant"
+    warmup_iters: int = 0
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of `lr` at optimizer step `step` (0-based): warmup, then decay."""
+        if step < self.warmup_iters:
+            return (step + 1) / self.warmup_iters
+        if self.decay_style == "constant":
+            return 1.0
+        progress = min(
+            1.0, (step - self.warmup_iters) / max(1, self.total_iters - self.warmup_iters)
+        )
+        floor = self.min_lr / self.lr if self.lr > 0 else 0.0
+        if self.decay_style == "linear":
+            return floor + (1.0 - floor) * (1.0 - progress)
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _json_safe(config: dict[str, Any]) -> dict[str, Any]:
+    safe: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, set):
+            value = sorted(value)
+        elif hasattr(value, "value") and isinstance(value, str):
+            value = value.value
+        safe[key] = value
+    return safe
+
+
+class PeftPolicyTrainer:
+    def __init__(
+        self,
+        model_path: str,
+        lora: LoraSettings,
+        optim: OptimizerSettings,
+        *,
+        device: str = "cpu",
+        dtype: str = "fp32",
+        temperature: float = 1.0,
+        entropy_grad: bool = False,
+        seed: int = 0,
+    ) -> None:
+        import torch
+        from peft import get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        self.device = torch.device(device)
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.entropy_grad = entropy_grad
+        self.optim_settings = optim
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
+        torch.manual_seed(seed)
+        self.model = get_peft_model(base, lora.peft_config()).to(self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=optim.lr,
+            betas=(optim.beta1, optim.beta2),
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, optim.lr_factor)
+        self.steps = 0
+
+    def forward(
+        self, batch: TrainBatch, *, with_adapter: bool, with_entropy: bool = False
+    ) -> ForwardOutput:
+        import torch
+
+        self.model.eval()
+        with torch.no_grad():
+            if with_adapter:
+                out = self._forward(batch, with_entropy)
+            else:
+                with self.model.disable_adapter():
+                    out = self._forward(batch, with_entropy)
+        entropy = None if out.entropy is None else out.entropy.cpu()
+        return ForwardOutput(logprobs=out.logprobs.cpu(), entropy=entropy)
+
+    def _forward(self, batch: TrainBatch, with_entropy: bool) -> ForwardOutput:
+        import torch
+
+        input_ids = batch.input_ids.to(self.device)
+        logits = self.model(
+            input_ids=input_ids, attention_mask=batch.attention_mask.to(self.device)
+        ).logits[:, :-1]
+        logp = (logits.float() / self.temperature).log_softmax(-1)
+        logprobs = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):
+                entropy = -(logp.exp() * logp).sum(-1)
+        return ForwardOutput(logprobs=logprobs, entropy=entropy)
+
+    def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> StepResult:
+        import torch
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        for micro_batch in micro_batches:
+            on_device = self._to_device(micro_batch)
+            loss, metrics = loss_fn(self._forward(on_device, with_entropy=True), on_device)
+            loss.backward()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        self._average_gradients()
+        clip = self.optim_settings.clip_grad if self.optim_settings.clip_grad > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.steps += 1
+        return StepResult(grad_norm=grad_norm, metrics={**totals, "lr": lr})
+
+    def _to_device(self, batch: TrainBatch) -> TrainBatch:
+        moved = {
+            f.name: getattr(batch, f.name).to(self.device)
+            for f in fields(batch)
+            if hasattr(getattr(batch, f.name), "to")
+        }
+        extras = {key: value.to(self.device) for key, value in batch.extras.items()}
+        return replace(batch, **moved, extras=extras)
+
+    def _average_gradients(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        offset = 0
+        for param, grad in zip(self.params, grads, strict=True):
+            param.grad = flat[offset : offset + grad.numel()].view_as(grad)
+            offset += grad.numel()
+
+    def export_adapter(self) -> LoraAdapter:
+        from peft import get_peft_model_state_dict
+
+        tensors = {
+            name: tensor.detach().to("cpu", copy=True)
+            for name, tensor in get_peft_model_state_dict(self.model).items()
+        }
+        config = _json_safe(self.model.peft_config["default"].to_dict())
+        return LoraAdapter(tensors=tensors, config=config, version=self.steps)
+
+    def save(self, path: Path) -> None:
+        """PEFT adapter in ``path/adapter`` (loads with ``PeftModel.from_pretrained``); optimizer,
+        LR schedule, step count and torch RNG in ``path/trainer_state.pt``."""
+        import torch
+
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(path / ADAPTER_DIR))
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "steps": self.steps,
+            "torch_rng": torch.get_rng_state(),
+        }
+        torch.save(state, path / STATE_FILE)
+
+    def load(self, path: Path) -> None:
+        import torch
+        from peft import set_peft_model_state_dict
+        from peft.utils import load_peft_weights
+
+        weights = load_peft_weights(str(path / ADAPTER_DIR), device=str(self.device))
+        set_peft_model_state_dict(self.model, weights)
+        state = torch.load(path / STATE_FILE, map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = state["steps"]
+        torch.set_rng_state(state["torch_rng"].cpu())
+
+    def release_memory(self) -> None:
+        if self.device.type != "cpu":
+            self._move("cpu")
+            empty_cache(self.device)
+
+    def resume_memory(self) -> None:
+        if self.device.type != "cpu":
+            self._move(self.device)
+
+    def _move(self, device: Any) -> None:
+        self.model.to(device)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if hasattr(value, "to") and getattr(value, "dim", lambda: 0)() > 0:
+                    state[key] = value.to(device)
+
+
+def create(args: argparse.Namespace, device: str, *, total_steps: int) -> PeftPolicyTrainer:
+    """The ``--train-backend torch`` factory (see `trainer.backends.registry`)."""
+    from trainer.arguments import exclude_modules, resolve_dtype, target_modules
+
+    targets = target_modules(args)
+    return PeftPolicyTrainer(
+        args.hf_checkpoint,
+        LoraSettings(
+            rank=args.lora_rank,
+            alpha=args.lora_alpha,
+            dropout=args.lora_dropout,
+            target_modules=targets if isinstance(targets, str) else tuple(targets),
+            exclude_modules=tuple(exclude_modules(args)),
+        ),
+        OptimizerSettings(
+            lr=args.lr,
+            total_iters=total_steps,
+            min_lr=args.min_lr,
+            decay_style=args.lr_decay_style,
+            warmup_iters=args.lr_warmup_iters,
+            weight_decay=args.weight_decay,
+            beta1=args.adam_beta1,
+            beta2=args.adam_beta2,
+            eps=args.adam_eps,
+            clip_grad=args.clip_grad,
+        ),
+        device=device,
+        dtype=resolve_dtype(args, device),
+        temperature=args.rollout_temperature,
+        entropy_grad=args.entropy_coef != 0,
+        seed=args.seed,
+    )

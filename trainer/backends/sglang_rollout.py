@@ -1,0 +1,113 @@
+"""Production rollout engine: an offline ``sglang.Engine`` with LoRA, one per
+``--rollout-num-gpus-per-engine`` GPUs (the engine's tensor-parallel size).
+
+API followed: SGLang 0.5.9 (``sglang/srt/entrypoints/engine.py``): ``Engine(**server_args)``,
+``generate(input_ids=..., sampling_params=..., return_logprob=True, lora_path=[...])``,
+``load_lora_adapter_from_tensors(name, tensors, config_dict)`` (adapter from memory; older
+releases lack it and get the adapter from a PEFT directory via ``load_lora_adapter(name,
+path)``), ``unload_lora_adapter(name)``, ``release_memory_occupation(tags)`` /
+``resume_memory_occupation(tags)`` (needs ``enable_memory_saver``, set with ``--colocate``).
+
+Colocated memory: with ``--lora-base-cpu-backup`` the engine runs with
+``enable_weights_cpu_backup`` and releases everything (weights, KV cache, CUDA graphs) while
+training runs; SGLang restores the frozen base weights from its CPU copy, so they are never sent
+again. Without it the base weights stay on the GPU and only the KV cache and CUDA graphs are
+released (released weights would have to be sent again). The LoRA buffers are outside
+SGLang's memory-saver regions and survive either way; each rollout phase loads the new adapter
+anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trainer.backends.base import Generation, LoraAdapter, SamplingParams
+from trainer.backends.generation_parsing import parse_outputs, sampling_params
+from trainer.backends.sglang_args import build_server_args
+
+# SGLang's memory-saver tags (sglang/srt/constants.py, 0.5.9).
+KV_CACHE, WEIGHTS, CUDA_GRAPH = "kv_cache", "weights", "cuda_graph"
+
+
+def gpu_index(device: str) -> int:
+    """``cuda:3`` -> 3; ``cuda`` -> 0."""
+    _, _, index = device.partition(":")
+    return int(index) if index else 0
+
+
+class SGLangRolloutEngine:
+    def __init__(self, server_args: dict[str, Any]) -> None:
+        import sglang
+
+        self._engine = sglang.Engine(**server_args)
+        self._release_tags = (
+            [KV_CACHE, WEIGHTS, CUDA_GRAPH]
+            if server_args.get("enable_weights_cpu_backup")
+            else [KV_CACHE, CUDA_GRAPH]
+        )
+        self._adapter_name: str | None = None
+        self._names = itertools.count()
+        self._released = False
+        self._adapter_dir = tempfile.TemporaryDirectory(prefix="sglang-lora-")
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]:
+        if self._released:
+            raise RuntimeError("generate called while the rollout engine's memory is released")
+        if not prompts:
+            return []
+        outputs = self._engine.generate(
+            input_ids=[list(prompt) for prompt in prompts],
+            sampling_params=sampling_params(params),
+            return_logprob=True,
+            lora_path=[self._adapter_name] * len(prompts) if self._adapter_name else None,
+        )
+        return parse_outputs(prompts, outputs)
+
+    def load_adapter(self, adapter: LoraAdapter) -> None:
+        """Serve `adapter` from now on: load it under a fresh name, then drop the previous one."""
+        name = f"policy-v{adapter.version}-{next(self._names)}"
+        tensors = {key: tensor.contiguous() for key, tensor in adapter.tensors.items()}
+        if hasattr(self._engine, "load_lora_adapter_from_tensors"):
+            result = self._engine.load_lora_adapter_from_tensors(name, tensors, dict(adapter.config))
+        else:
+            result = self._engine.load_lora_adapter(name, str(self._write(name, tensors, adapter)))
+        if not getattr(result, "success", True):
+            raise RuntimeError(f"SGLang could not load LoRA adapter {name}: {result.error_message}")
+        previous, self._adapter_name = self._adapter_name, name
+        if previous is not None:
+            self._engine.unload_lora_adapter(previous)
+
+    def _write(self, name: str, tensors: dict[str, Any], adapter: LoraAdapter) -> Path:
+        from safetensors.torch import save_file
+
+        path = Path(self._adapter_dir.name) / name
+        path.mkdir()
+        save_file(tensors, str(path / "adapter_model.safetensors"))
+        (path / "adapter_config.json").write_text(json.dumps(dict(adapter.config)))
+        return path
+
+    def release_memory(self) -> None:
+        self._engine.release_memory_occupation(tags=self._release_tags)
+        self._released = True
+
+    def resume_memory(self) -> None:
+        self._engine.resume_memory_occupation(tags=self._release_tags)
+        self._released = False
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+        self._adapter_dir.cleanup()
+
+
+def create(args: argparse.Namespace, device: str) -> SGLangRolloutEngine:
+    """One engine whose first GPU is `device` (``cuda:<index>``), spanning
+    ``--rollout-num-gpus-per-engine`` consecutive GPUs."""
+    return SGLangRolloutEngine(build_server_args(args, base_gpu_id=gpu_index(device)))

@@ -1,0 +1,63 @@
+"""Checkpoints: ``<save>/iter_<N>/`` after N rollouts, and a ``latest`` marker written last.
+
+An iteration directory holds what the policy trainer saves (the PEFT adapter in ``adapter/``,
+optimizer state) and ``state.json`` (rollout index, data cursor, seeds). It is written under a
+temporary name and renamed when complete; then ``latest`` is replaced atomically. A run killed
+at any moment therefore leaves ``latest`` naming a complete checkpoint, or no ``latest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+LATEST = "latest"
+STATE_FILE = "state.json"
+ADAPTER_DIR = "adapter"
+
+
+class CheckpointError(RuntimeError):
+    """A ``--load`` directory whose marker names a checkpoint that is not there (one line)."""
+
+
+def iter_dir(root: Path, iteration: int) -> Path:
+    return root / f"iter_{iteration:07d}"
+
+
+def latest_iteration(root: Path | None) -> int | None:
+    """The iteration ``latest`` names; None for no directory, an empty one, or no marker."""
+    if root is None or not (root / LATEST).is_file():
+        return None
+    text = (root / LATEST).read_text().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{root / LATEST}: expected an iteration number, found {text!r}")
+    iteration = int(text)
+    if not (iter_dir(root, iteration) / STATE_FILE).is_file():
+        raise CheckpointError(f"{root / LATEST} names iteration {iteration}, which is incomplete")
+    return iteration
+
+
+def save(
+    root: Path, iteration: int, save_trainer: Callable[[Path], None], state: Mapping[str, Any]
+) -> Path:
+    """Write checkpoint `iteration`: trainer files, then ``state.json``, then ``latest``."""
+    final = iter_dir(root, iteration)
+    partial = final.with_name(final.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    save_trainer(partial)
+    (partial / STATE_FILE).write_text(json.dumps(dict(state), indent=2) + "\n", encoding="utf-8")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(partial, final)
+    marker = root / (LATEST + ".tmp")
+    marker.write_text(f"{iteration}\n", encoding="utf-8")
+    os.replace(marker, root / LATEST)
+    return final
+
+
+def load_state(root: Path, iteration: int) -> dict[str, Any]:
+    return json.loads((iter_dir(root, iteration) / STATE_FILE).read_text(encoding="utf-8"))

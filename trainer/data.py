@@ -1,0 +1,235 @@
+"""Prompt data sets (JSONL or Parquet) and the resumable cursor that walks them.
+
+A row holds a prompt under ``--input-key`` (a string, or a list of chat messages) and a label
+under ``--label-key``. With ``--apply-chat-template`` the prompt goes through the tokenizer's own
+chat template (a plain string becomes one user message); without it the prompt string is used as
+is. `RolloutDataSource.next_batch` walks the prompts epoch after epoch, each epoch in an order
+fixed by (seed, epoch), so a cursor (epoch, offset) saved in a checkpoint resumes exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainer.arguments import UsageError
+
+
+class DataError(UsageError):
+    """A prompt file that cannot be used as asked (one line; names the file and row)."""
+
+
+class Tokenizer(Protocol):
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One prompt: `index` is its row in the file (0-based), `prompt` the text to generate from."""
+
+    index: int
+    prompt: str
+    label: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """(location, row) pairs; the location (``file:line`` or ``file:row N``) is for messages."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"prompt data not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as err:  # pyarrow raises several types for unreadable files
+            raise DataError(f"{path}: not a readable Parquet file ({err})") from None
+        return [(f"{path}:row {i + 1}", row) for i, row in enumerate(rows)]
+    if path.suffix not in (".jsonl", ".json"):
+        raise DataError(f"{path}: prompt data must be .jsonl, .json (JSON lines) or .parquet")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: invalid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: each line must be a JSON object")
+            rows.append((where, row))
+    return rows
+
+
+def render_prompt(
+    value: Any, *, tokenizer: Tokenizer | None, apply_chat_template: bool, where: str
+) -> str:
+    if isinstance(value, list):
+        if not apply_chat_template:
+            raise DataError(
+                f"{where}: the prompt is a chat message list; pass --apply-chat-template"
+            )
+        if not value or not all(
+            isinstance(m, dict) and {"role", "content"} <= m.keys() for m in value
+        ):
+            raise DataError(f"{where}: chat messages must be objects with 'role' and 'content'")
+        messages = value
+    elif isinstance(value, str):
+        if not apply_chat_template:
+            return value
+        messages = [{"role": "user", "content": value}]
+    else:
+        raise DataError(f"{where}: the prompt must be a string or a list of chat messages")
+    if tokenizer is None:
+        raise ValueError("--apply-chat-template needs a tokenizer")
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def load_prompts(
+    path: str | Path,
+    *,
+    input_key: str = "prompt",
+    label_key: str = "label",
+    tokenizer: Tokenizer | None = None,
+    apply_chat_template: bool = False,
+    max_prompt_len: int | None = None,
+) -> list[Sample]:
+    """Every usable prompt of a file; prompts longer than `max_prompt_len` tokens are dropped."""
+    if max_prompt_len is not None and tokenizer is None:
+        raise ValueError("max_prompt_len needs a tokenizer")
+    samples = []
+    for index, (where, row) in enumerate(read_rows(path)):
+        for key in (input_key, label_key):
+            if key not in row:
+                keys = ", ".join(sorted(row)) or "none"
+                raise DataError(f"{where}: missing key {key!r} (row has: {keys})")
+        prompt = render_prompt(
+            row[input_key],
+            tokenizer=tokenizer,
+            apply_chat_template=apply_chat_template,
+            where=where,
+        )
+        if (
+            max_prompt_len is not None
+            and len(tokenizer.encode(prompt, add_special_tokens=False)) > max_prompt_len
+        ):
+            continue
+        metadata = {k: v for k, v in row.items() if k not in (input_key, label_key)}
+        samples.append(Sample(index, prompt, row[label_key], metadata))
+    if not samples:
+        limit = f" of at most {max_prompt_len} tokens" if max_prompt_len is not None else ""
+        raise DataError(f"{path}: no prompts{limit}")
+    return samples
+
+
+@dataclass
+class DataCursor:
+    """Position in the prompt stream: `offset` prompts of epoch `epoch` are consumed."""
+
+    epoch: int = 0
+    offset: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+
+
+class RolloutDataSource:
+    def __init__(self, samples: Sequence[Sample], *, shuffle: bool = False, seed: int = 0) -> None:
+        if not samples:
+            raise ValueError("RolloutDataSource needs at least one sample")
+        self.samples = list(samples)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.cursor = DataCursor()
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def order(self, epoch: int) -> list[int]:
+        """The visiting order of an epoch: fixed by (seed, epoch), identical across runs."""
+        order = list(range(len(self.samples)))
+        if self.shuffle:
+            random.Random(f"{self.seed}/{epoch}").shuffle(order)
+        return order
+
+    def next_batch(self, n: int) -> list[Sample]:
+        """The next `n` prompts, continuing into the next epoch when this one runs out."""
+        batch: list[Sample] = []
+        while len(batch) < n:
+            order = self.order(self.cursor.epoch)
+            take = order[self.cursor.offset : self.cursor.offset + n - len(batch)]
+            batch.extend(self.samples[i] for i in take)
+            self.cursor.offset += len(take)
+            if self.cursor.offset == len(order):
+                self.cursor.epoch += 1
+                self.cursor.offset = 0
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **self.cursor.state_dict(),
+            "num_prompts": len(self.samples),
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = (state["num_prompts"], state["shuffle"], state["seed"])
+        if saved != (len(self.samples), self.shuffle, self.seed):
+            raise DataError(
+                f"the checkpoint's data cursor was taken on {saved[0]} prompts "
+                f"(shuffle={saved[1]}, seed={saved[2]}); this run has {len(self.samples)} "
+                f"(shuffle={self.shuffle}, seed={self.seed})"
+            )
+        if not 0 <= state["offset"] < len(self.samples):
+            raise DataError(f"the checkpoint's data cursor offset {state['offset']} is invalid")
+        self.cursor.load_state_dict(state)
+
+
+def num_rollouts_for_epochs(num_prompts: int, rollout_batch_size: int, num_epoch: int) -> int:
+    """Rollouts that consume `num_epoch` epochs (at least one)."""
+    return max(1, num_epoch * num_prompts // rollout_batch_size)
+
+
+def rollout_source_from_args(
+    args: argparse.Namespace, tokenizer: Tokenizer | None
+) -> RolloutDataSource:
+    samples = load_prompts(
+        args.prompt_data,
+        input_key=args.input_key,
+        label_key=args.label_key,
+        tokenizer=tokenizer,
+        apply_chat_template=args.apply_chat_template,
+        max_prompt_len=args.rollout_max_prompt_len,
+    )
+    return RolloutDataSource(samples, shuffle=args.rollout_shuffle, seed=args.seed)
+
+
+def eval_sets_from_args(
+    args: argparse.Namespace, tokenizer: Tokenizer | None
+) -> dict[str, list[Sample]]:
+    """``--eval-prompt-data`` sets by name, read like the training prompts."""
+    return {
+        name: load_prompts(
+            path,
+            input_key=args.input_key,
+            label_key=args.label_key,
+            tokenizer=tokenizer,
+            apply_chat_template=args.apply_chat_template,
+            max_prompt_len=args.rollout_max_prompt_len,
+        )
+        for name, path in args.eval_datasets.items()
+    }

@@ -1,0 +1,221 @@
+"""GRPO in plain PyTorch: group advantages, the clipped policy loss, KL estimators, entropy.
+
+Per-token tensors are ``[batch, tokens]`` with a 0/1 `mask` marking the response tokens that
+count. Losses are aggregated by `aggregate`; to accumulate gradients over micro-batches with the
+normalisation of the whole optimizer step, count the step once with `Normalizer.from_masks` and
+pass it to every micro-batch: each micro-batch's loss (and metric) is then its share, and the
+shares sum to the step's value.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, normalize_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """GRPO advantages ``(r - mean_group) / (std_group + eps)`` for rewards ``[B]``.
+
+    The `group_size` samples of one prompt are contiguous. `std` is the unbiased sample standard
+    deviation (as in verl and TRL); a group whose rewards are all equal gets advantage 0.
+    """
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards {tuple(rewards.shape)} do not split into groups of {group_size}")
+    groups = rewards.float().view(-1, group_size)
+    centred = groups - groups.mean(dim=1, keepdim=True)
+    if normalize_std and group_size > 1:
+        centred = centred / (groups.std(dim=1, keepdim=True) + eps)
+    return centred.view(-1)
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """Denominators of one optimizer step: response tokens, and sequences with any token.
+
+    Under data parallelism with gradient averaging (DDP), all-reduce-sum the counts over the
+    ranks and divide them by the rank count, so the averaged gradient is the global one.
+    """
+
+    tokens: float
+    sequences: float
+
+    @classmethod
+    def from_masks(cls, masks: Iterable[torch.Tensor]) -> Normalizer:
+        tokens = sequences = 0.0
+        for mask in masks:
+            per_sequence = mask.sum(dim=-1)
+            tokens += float(per_sequence.sum())
+            sequences += float((per_sequence > 0).sum())
+        return cls(tokens, sequences)
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token-mean",
+    normalizer: Normalizer | None = None,
+) -> torch.Tensor:
+    """Reduce per-token `values` to a scalar.
+
+    token-mean: sum over all tokens / token count. seq-mean-token-mean: mean over each
+    sequence's tokens, then mean over sequences. seq-mean-token-sum: sum over each sequence's
+    tokens, then mean over sequences. Sequences without tokens do not count.
+    """
+    mask = mask.to(values.dtype)
+    normalizer = normalizer or Normalizer.from_masks([mask])
+    masked = values * mask
+    if mode == "token-mean":
+        return masked.sum() / _nonzero(normalizer.tokens)
+    if mode == "seq-mean-token-mean":
+        per_sequence = masked.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+    elif mode == "seq-mean-token-sum":
+        per_sequence = masked.sum(dim=-1)
+    else:
+        raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {AGG_MODES}")
+    return per_sequence.sum() / _nonzero(normalizer.sequences)
+
+
+def _nonzero(count: float) -> float:
+    return count if count > 0 else 1.0
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_clip: float = 0.2,
+    eps_clip_high: float | None = None,
+    agg: str = "token-mean",
+    normalizer: Normalizer | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate with the ratio clipped to ``[1 - eps_clip, 1 + eps_clip_high]``.
+
+    `advantages` is per sequence ``[B]`` or per token ``[B, T]``. Returns (loss, clip fraction):
+    the fraction of tokens where the clipped term is the one that counts (no gradient there).
+    """
+    eps_clip_high = eps_clip if eps_clip_high is None else eps_clip_high
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    ratio = torch.exp(torch.clamp(logprobs - old_logprobs, -20.0, 20.0))
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip_high)
+    loss = aggregate(torch.maximum(unclipped, clipped), mask, agg, normalizer)
+    clip_fraction = aggregate(
+        (clipped > unclipped).to(logprobs.dtype), mask, "token-mean", normalizer
+    )
+    return loss, clip_fraction.detach()
+
+
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "low_var_kl"
+) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled tokens' log-probabilities.
+
+    k1: ``log r``; k2: ``0.5 (log r)^2``; k3 / low_var_kl: ``exp(-log r) + log r - 1`` (Schulman's
+    unbiased, non-negative estimator), clamped to [-10, 10] like verl; ``log r = logp - ref``.
+    """
+    log_ratio = logprobs - ref_logprobs
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.square()
+    if kind in ("k3", "low_var_kl"):
+        ref_minus_logp = torch.clamp(-log_ratio, -20.0, 20.0)
+        return torch.clamp(torch.exp(ref_minus_logp) - ref_minus_logp - 1.0, -10.0, 10.0)
+    raise ValueError(f"unknown KL estimator {kind!r}; expected one of {KL_TYPES}")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax over the last dimension: ``logsumexp(z) - sum softmax(z) z``."""
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    loss_agg: str = "token-mean"
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> GRPOConfig:
+        return cls(
+            eps_clip=args.eps_clip,
+            eps_clip_high=args.eps_clip_high,
+            loss_agg=args.loss_agg,
+            use_kl_loss=args.use_kl_loss,
+            kl_loss_coef=args.kl_loss_coef,
+            kl_loss_type=args.kl_loss_type,
+            entropy_coef=args.entropy_coef,
+        )
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: GRPOConfig | None = None,
+    *,
+    ref_logprobs: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    normalizer: Normalizer | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``pg_loss + kl_loss_coef * kl (with use_kl_loss) - entropy_coef * entropy``.
+
+    Metrics: ``pg_loss``, ``pg_clipfrac``, ``ppo_ratio`` (token mean), plus ``kl`` when
+    `ref_logprobs` is given and ``entropy`` when `entropy` (per token) is given; with a
+    `normalizer` each is this micro-batch's share of the step's value.
+    """
+    config = config or GRPOConfig()
+    if config.use_kl_loss and ref_logprobs is None:
+        raise ValueError("use_kl_loss needs ref_logprobs")
+    if config.entropy_coef and entropy is None:
+        raise ValueError("entropy_coef needs the per-token entropy")
+    normalizer = normalizer or Normalizer.from_masks([mask])
+    pg_loss, clip_fraction = policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        config.eps_clip,
+        config.eps_clip_high,
+        config.loss_agg,
+        normalizer,
+    )
+    ratio = torch.exp(torch.clamp(logprobs - old_logprobs, -20.0, 20.0)).detach()
+    metrics = {
+        "pg_loss": float(pg_loss.detach()),
+        "pg_clipfrac": float(clip_fraction),
+        "ppo_ratio": float(aggregate(ratio, mask, "token-mean", normalizer)),
+    }
+    loss = pg_loss
+    if ref_logprobs is not None:
+        kl = aggregate(
+            kl_penalty(logprobs, ref_logprobs, config.kl_loss_type),
+            mask,
+            config.loss_agg,
+            normalizer,
+        )
+        metrics["kl"] = float(kl.detach())
+        if config.use_kl_loss:
+            loss = loss + config.kl_loss_coef * kl
+    if entropy is not None:
+        entropy_value = aggregate(entropy, mask, config.loss_agg, normalizer)
+        metrics["entropy"] = float(entropy_value.detach())
+        if config.entropy_coef:
+            loss = loss - config.entropy_coef * entropy_value
+    return loss, metrics

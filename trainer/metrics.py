@@ -1,0 +1,151 @@
+"""Per-step metrics: a console line, ``<output-dir>/metrics.jsonl``, and wandb when asked.
+
+A resumed run first drops the JSONL records of steps at or after the one it resumes from (a
+killed run may have logged steps its last checkpoint does not hold), so every step appears
+exactly once. wandb is imported only with ``--use-wandb``; its mode is ``--wandb-mode``
+(offline unless ``WANDB_API_KEY`` is set), and a resumed run continues the same wandb run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+WANDB_ID_FILE = "wandb_run_id"
+REWARD = "rollout/reward_mean"
+
+# (metric key, console label, format) of the one-line console report, in order.
+_CONSOLE = (
+    (REWARD, "reward", "{:.3f}"),
+    ("rollout/reward_std", "±", "{:.2f}"),
+    ("rollout/response_len_mean", "len", "{:.1f}"),
+    ("rollout/truncated_ratio", "trunc", "{:.2f}"),
+    ("train/kl", "kl", "{:.2e}"),
+    ("train/pg_clipfrac", "clip", "{:.3f}"),
+    ("train/entropy", "ent", "{:.2f}"),
+    ("train/train_rollout_logprob_abs_diff", "lp_diff", "{:.1e}"),
+    ("train/grad_norm", "gnorm", "{:.3f}"),
+    ("train/lr", "lr", "{:.1e}"),
+    ("time/step", "time", "{:.2f}s"),
+)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def console_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
+    parts = [f"step {step + 1}/{total}"]
+    for key, label, fmt in _CONSOLE:
+        if key in metrics:
+            parts.append(f"{label} {fmt.format(metrics[key])}")
+    parts += [
+        f"{key} {value:.3f}" for key, value in sorted(metrics.items()) if key.startswith("eval/")
+    ]
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    def __init__(
+        self,
+        output_dir: Path,
+        *,
+        total_steps: int,
+        start_step: int = 0,
+        args: argparse.Namespace | None = None,
+    ) -> None:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.path = output_dir / METRICS_FILE
+        self.total_steps = total_steps
+        kept = [r for r in read_metrics(self.path) if r["step"] < start_step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        os.replace(tmp, self.path)
+        self._wandb = _init_wandb(output_dir, args) if args is not None and args.use_wandb else None
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        record = {"step": step, **{k: _finite(v) for k, v in metrics.items()}}
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        print(console_line(step, self.total_steps, metrics), flush=True)
+        if self._wandb is not None:
+            self._wandb.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _finite(value: float) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _init_wandb(output_dir: Path, args: argparse.Namespace) -> Any:
+    import wandb
+
+    from trainer.arguments import resolved_config
+
+    id_file = output_dir / WANDB_ID_FILE
+    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    id_file.write_text(run_id)
+    return wandb.init(
+        project=args.wandb_project,
+        group=args.wandb_group,
+        name=args.wandb_run_name,
+        mode=args.wandb_mode,
+        dir=str(output_dir),
+        id=run_id,
+        resume="allow",
+        config=resolved_config(args),
+    )
+
+
+def summarize(
+    records: Sequence[Mapping[str, Any]], *, elapsed_s: float, adapter: Path | None
+) -> dict[str, Any]:
+    """First/last-5 reward means and the rest of the end-of-run summary."""
+    rewards = [r[REWARD] for r in records if r.get(REWARD) is not None]
+    evals = {k: v for r in records for k, v in r.items() if k.startswith("eval/")}
+    step_times = [r["time/step"] for r in records if r.get("time/step") is not None]
+    return {
+        "steps": len(records),
+        "reward_first5": sum(rewards[:5]) / len(rewards[:5]) if rewards else None,
+        "reward_last5": sum(rewards[-5:]) / len(rewards[-5:]) if rewards else None,
+        "mean_step_s": sum(step_times) / len(step_times) if step_times else None,
+        "elapsed_s": elapsed_s,
+        "last_eval": evals,
+        "adapter": str(adapter) if adapter else None,
+    }
+
+
+def summary_text(summary: Mapping[str, Any]) -> str:
+    def num(value: float | None, fmt: str = "{:.3f}") -> str:
+        return "n/a" if value is None else fmt.format(value)
+
+    lines = [
+        "=" * 60,
+        "GRPO LoRA run finished",
+        f"  steps logged        {summary['steps']}",
+        f"  reward first 5      {num(summary['reward_first5'])}",
+        f"  reward last 5       {num(summary['reward_last5'])}",
+        f"  mean step time      {num(summary['mean_step_s'], '{:.2f} s')}",
+        f"  wall time (this run) {num(summary['elapsed_s'], '{:.1f} s')}",
+    ]
+    lines += [f"  {key:<19} {value:.3f}" for key, value in sorted(summary["last_eval"].items())]
+    lines += [f"  adapter             {summary['adapter'] or 'not saved'}", "=" * 60]
+    return "\n".join(lines)
+
+
+def write_summary(output_dir: Path, summary: Mapping[str, Any]) -> None:
+    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

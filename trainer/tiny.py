@@ -1,0 +1,130 @@
+"""Build a tiny Qwen3 model, its tokenizer and a tiny task, locally and deterministically.
+
+`python3 -m trainer.tiny --model-dir DIR --data-dir DIR [--seed N]`
+
+The task ("say <colour>" -> answer with that colour first; reward `--rm-type tiny`) is one a
+randomly initialised model solves now and then (about one sample in sixteen), and GRPO with
+LoRA learns within a few dozen steps on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")
+ROLES = ("system", "user", "assistant")
+COLOURS = ("red", "green", "blue", "yellow", "black", "white", "pink", "gray")
+VERBS = ("say",)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TRAIN_ROWS = 256
+EVAL_ROWS = 32
+
+
+def vocabulary() -> dict[str, int]:
+    words = (*SPECIAL_TOKENS, *ROLES, *VERBS, *COLOURS)
+    return {word: index for index, word in enumerate(words)}
+
+
+def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel(vocabulary(), unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens(
+        [AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(vocab_size: int, eos_token_id: int, pad_token_id: int, seed: int):
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        initializer_range=0.1,
+        bos_token_id=None,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=eos_token_id, pad_token_id=pad_token_id, do_sample=True
+    )
+    return model
+
+
+def tiny_reward(response: str, label: Any) -> float:
+    """``--rm-type tiny``: 1 when the response's first word is the label, else 0."""
+    words = response.split()
+    return float(bool(words) and words[0].lower() == str(label).strip().lower())
+
+
+def task_rows(count: int, rng: random.Random) -> list[dict]:
+    rows = []
+    for _ in range(count):
+        colour = rng.choice(COLOURS)
+        verb = rng.choice(VERBS)
+        rows.append({"prompt": [{"role": "user", "content": f"{verb} {colour}"}], "label": colour})
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+def build(model_dir: Path, data_dir: Path, seed: int) -> None:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(model_dir)
+    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
+    model.save_pretrained(model_dir)
+    rng = random.Random(seed)
+    write_jsonl(data_dir / "train.jsonl", task_rows(TRAIN_ROWS, rng))
+    write_jsonl(data_dir / "eval.jsonl", task_rows(EVAL_ROWS, rng))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m trainer.tiny", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=1234)
+    args = parser.parse_args(argv)
+    build(args.model_dir, args.data_dir, args.seed)
+    print(f"tiny model in {args.model_dir}, tiny task in {args.data_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
