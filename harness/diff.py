@@ -80,6 +80,7 @@ def split_command(argv: Sequence[str]) -> tuple[str, tuple[tuple[str, str | None
     A flag's value is every token up to the next flag (``--eval-prompt-data NAME PATH``); a
     flag with no value (``--colocate``) has None. ``python3 -m MODULE`` counts as the command.
     """
+    argv = list(argv)
     command: list[str] = []
     index = 0
     while index < len(argv) and not _FLAG.match(argv[index]):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.diff import split_command, step_view
+from harness.diff import Change, diff_recordings, format_markdown, split_command, step_view
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = "launchers/cpu/run_tiny_qwen3_lora.py"
@@ -146,3 +146,41 @@ def test_step_view_separates_flags_env_and_settings() -> None:
     assert view.flags == (("--lora-rank", "64"),)
     assert view.env == {"NCCL_NVLS_ENABLE": "0"}
     assert view.settings == {"address": "http://127.0.0.1:8265", "runtime_env.working_dir": "/w"}
+
+
+def _recording(launcher: str, entrypoint: str, hardware: str, steps: list[dict]) -> dict:
+    return {"launcher": launcher, "entrypoint": entrypoint, "hardware": hardware, "steps": steps}
+
+
+def test_steps_env_hardware_order_and_launchers() -> None:
+    job = "ray_job_submit python3 train.py"
+    ray = {"kind": "ray_start", "head": True, "env": {"A": "1", "B": "2"}}
+    submit = {"kind": "ray_job_submit", "entrypoint": ["python3", "train.py", "--x", "1", "--y"]}
+    download = {"kind": "hub_download", "repo_id": "org/data", "local_dir": "/d"}
+    base = [
+        _recording("launchers/a", "train", "MI355X", [download, ray, submit]),
+        _recording("launchers/gone", "train", "CPU", [ray]),
+    ]
+    reordered = {**submit, "entrypoint": ["python3", "train.py", "--y", "--x", "1"]}
+    head = [
+        _recording("launchers/a", "train", "MI350X", [{**ray, "env": {"A": "0"}}, reordered]),
+        _recording("launchers/new", "prepare", "CPU", [download]),
+    ]
+    diffs = diff_recordings(base, head)
+    assert [(d.launcher, d.status) for d in diffs] == [
+        ("launchers/a", "changed"),
+        ("launchers/gone", "removed"),
+        ("launchers/new", "added"),
+    ]
+    assert diffs[0].changes == {
+        "train": [
+            Change("hardware", "changed", "hardware", "MI355X", "MI350X"),
+            Change("step", "removed", "hub_download org/data"),
+            Change("env", "changed", "A", "1", "0", "ray_start head"),
+            Change("env", "removed", "B", old="2", step="ray_start head"),
+            Change("flags", "reordered", "order of the common flags", step=job),
+        ]
+    }
+    markdown = format_markdown(diffs, "main")
+    assert "- launcher removed: `launchers/gone.py` (train)" in markdown
+    assert "| `ray_start head` | env changed | `A` | `1` | `0` |" in markdown

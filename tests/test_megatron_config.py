@@ -35,6 +35,7 @@ def test_provider_settings_carry_parallelism_and_recompute() -> None:
     assert settings["recompute_num_layers"] == 1
     assert settings["attention_softmax_in_fp32"] is True
     assert settings["variable_seq_lengths"] is True
+    assert settings["moe_token_dispatcher_type"] == "alltoall"
 
 
 def test_softmax_precision_is_left_to_the_model_unless_asked() -> None:

@@ -182,5 +182,28 @@ def test_installed_serverargs_is_read_from_its_dataclass_fields(monkeypatch) -> 
     assert sglang_args.coerce_extra({"new-knob": "3"}, fields, source) == {"new_knob": 3}
 
 
+def test_every_recorded_sglang_launcher_yields_valid_server_args() -> None:
+    from harness import build_plan
+    from harness.discovery import discover_launchers
+    from harness.steps import train_py_argv
+
+    built = {}
+    for launcher in discover_launchers():
+        for entrypoint in launcher.entrypoint_names:
+            for step in build_plan(launcher, entrypoint, launcher.args()).steps:
+                argv = train_py_argv(step)
+                if argv is None or parse_args(argv).rollout_backend != "sglang":
+                    continue
+                kwargs = sglang_args.build_server_args(
+                    parse_args(argv), fields=FIELDS, source=SOURCE
+                )
+                built[launcher.recorded_hardware] = (
+                    kwargs["attention_backend"],
+                    kwargs["lora_backend"],
+                )
+    assert built["MI355X"] == ("triton", "triton")
+    assert set(built) >= {"MI355X", "H200"}
+
+
 def test_heavy_packages_not_imported() -> None:
     assert not any(m == "sglang" or m.startswith(("sglang.", "megatron")) for m in sys.modules)

@@ -1,9 +1,9 @@
 """Qwen3-4B GRPO LoRA on AMD Instinct MI350X / MI355X (Megatron-Bridge training, SGLang rollout).
 
-The validated Qwen3-4B LoRA recipe, with SGLang's attention and LoRA backends pinned to Triton:
-the CUDA-only backends do not exist on ROCm. The ROCm environment (Ray keeps its hands off
-device visibility, HIP_VISIBLE_DEVICES is mirrored into CUDA_VISIBLE_DEVICES, no NVLink SHARP)
-comes from harness.platform.
+The shared Qwen3-4B LoRA recipe (launchers/recipes/qwen3_4b_lora.py) with SGLang's attention and
+LoRA backends pinned to Triton: the CUDA-only backends do not exist on ROCm. The ROCm
+environment (Ray keeps its hands off device visibility, HIP_VISIBLE_DEVICES is mirrored into
+CUDA_VISIBLE_DEVICES, no NVLink SHARP) comes from harness.platform.
 
     python -m launchers.amd.run_qwen3_4b_lora prepare
     python -m launchers.amd.run_qwen3_4b_lora train --hardware MI355X
@@ -15,158 +15,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from harness import (
-    HubDownload,
-    LaunchContext,
-    Launcher,
-    LauncherArgs,
-    arg,
-    execute_train,
-    flags,
-    wandb_flags,
-)
+from harness import LaunchContext, Launcher, arg
+from launchers.recipes import qwen3_4b_lora as recipe
 
-MODEL_REPO = "Qwen/Qwen3-4B"
-TRAIN_DATA_REPO = "zhuzilin/dapo-math-17k"
-EVAL_DATA_REPO = "zhuzilin/aime-2024"
+# ROCm has none of SGLang's CUDA-only backends: Triton for attention and for LoRA.
+SGLANG = recipe.SGLangBackends(attention="triton", lora="triton")
 
 
 @dataclass(frozen=True)
-class Args(LauncherArgs):
+class Args(recipe.Args):
     hardware: Literal["auto", "MI350X", "MI355X"] = arg("auto", "AMD GPU model; auto detects it")
-    model_name: str = arg("Qwen3-4B", "model directory under --model-dir")
-    save_interval: int = arg(50, "save a checkpoint every N rollouts")
     wandb_project: str = arg("qwen3-4b-lora-amd", "wandb project")
-
-    # LoRA: the Qwen3-4B Megatron LoRA recipe validated on CUDA.
-    lora_rank: int = arg(64, "LoRA rank")
-    lora_alpha: int = arg(32, "LoRA alpha")
-    lora_dropout: float = arg(0.0, "LoRA dropout")
-    target_modules: str = arg("all-linear", 'modules LoRA wraps: "all-linear" or a comma list')
-    lora_base_cpu_backup: bool = arg(True, "keep the base weights' backup in CPU memory")
-
-    # Rollout and optimizer shape: 8 prompts x 8 samples = one 64-sample update.
-    num_rollout: int = arg(100, "rollouts (one optimizer update each)")
-    rollout_batch_size: int = arg(8, "prompts per rollout")
-    n_samples_per_prompt: int = arg(8, "samples per prompt (the GRPO group)")
-    rollout_max_response_len: int = arg(8192, "response window in tokens")
-    global_batch_size: int = arg(64, "samples per optimizer update")
-    lr: float = arg(2e-5, "learning rate")
-
-    # One 4B rollout engine per GPU, sharing it with training (colocated).
-    rollout_num_gpus_per_engine: int = arg(1, "GPUs per SGLang engine")
-    sglang_mem_fraction_static: float = arg(0.4, "SGLang's static share of GPU memory")
-
-    enable_eval: bool = arg(True, "evaluate AIME-2024 (avg@16) every 20 rollouts")
 
 
 def prepare(ctx: LaunchContext, args: Args) -> None:
     """Download Qwen3-4B, DAPO-Math-17k and, with eval on, AIME-2024."""
-    ctx.emit(HubDownload(MODEL_REPO, f"{args.model_dir}/{args.model_name}"))
-    ctx.emit(HubDownload(TRAIN_DATA_REPO, f"{args.data_dir}/dapo-math-17k", "dataset"))
-    if args.enable_eval:
-        ctx.emit(HubDownload(EVAL_DATA_REPO, f"{args.data_dir}/aime-2024", "dataset"))
+    recipe.prepare(ctx, args)
 
 
 def train(ctx: LaunchContext, args: Args) -> None:
     """Run GRPO LoRA training on the model and data already on the node."""
-    hardware = ctx.resolve_hardware(args.hardware)
-    gpus = ctx.gpus_per_node(hardware, args.num_gpus_per_node)
-    checkpoints = f"{args.output_dir}/{args.run_id}/checkpoints"
-
-    checkpoint = flags(
-        hf_checkpoint=f"{args.model_dir}/{args.model_name}",
-        megatron_to_hf_mode="bridge",
-        load=checkpoints,
-        save=checkpoints,
-        save_interval=args.save_interval,
-        output_dir=f"{args.output_dir}/{args.run_id}",
-    )
-    lora = flags(
-        lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        target_modules=args.target_modules,
-        lora_base_cpu_backup=args.lora_base_cpu_backup,
-    )
-    rollout = flags(
-        prompt_data=f"{args.data_dir}/dapo-math-17k/dapo-math-17k.jsonl",
-        input_key="prompt",
-        label_key="label",
-        apply_chat_template=True,
-        rollout_shuffle=True,
-        balance_data=True,
-        rm_type="deepscaler",
-        num_rollout=args.num_rollout,
-        rollout_batch_size=args.rollout_batch_size,
-        n_samples_per_prompt=args.n_samples_per_prompt,
-        rollout_max_response_len=args.rollout_max_response_len,
-        rollout_temperature=1.0,
-        global_batch_size=args.global_batch_size,
-    )
-    evaluation = flags(
-        eval_interval=20,
-        eval_prompt_data=("aime24", f"{args.data_dir}/aime-2024/aime-2024.jsonl"),
-        n_samples_per_eval_prompt=16,
-        eval_max_response_len=16384,
-        eval_top_p=1.0,
-    )
-    optimizer = flags(
-        optimizer="adam",
-        lr=args.lr,
-        lr_decay_style="constant",
-        weight_decay=0.1,
-        adam_beta1=0.9,
-        adam_beta2=0.98,
-    )
-    grpo = flags(
-        advantage_estimator="grpo",
-        kl_loss_coef=0.0,
-        kl_loss_type="low_var_kl",
-        entropy_coef=0.0,
-        eps_clip=0.2,
-        eps_clip_high=0.28,
-        loss_agg="token-mean",
-    )
-    # ROCm has none of SGLang's CUDA-only backends: Triton for attention and for LoRA.
-    sglang = flags(
-        rollout_num_gpus_per_engine=args.rollout_num_gpus_per_engine,
-        sglang_mem_fraction_static=args.sglang_mem_fraction_static,
-        sglang_chunked_prefill_size=4096,
-        sglang_lora_backend="triton",
-        sglang_attention_backend="triton",
-    )
-    misc = flags(
-        train_backend="megatron",
-        rollout_backend="sglang",
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        accumulate_allreduce_grads_in_fp32=True,
-        attention_softmax_in_fp32=True,
-        actor_num_nodes=args.num_nodes,
-        actor_num_gpus_per_node=gpus,
-        num_gpus_per_node=gpus,
-        colocate=True,
-    )
-    execute_train(
-        ctx,
-        args,
-        [
-            *checkpoint,
-            *lora,
-            *rollout,
-            *(evaluation if args.enable_eval else []),
-            *optimizer,
-            *grpo,
-            *wandb_flags(ctx, args),
-            *sglang,
-            *misc,
-        ],
-        hardware=hardware,
-        num_gpus_per_node=gpus,
-        # Megatron overlaps communication with compute only on a single hardware queue.
-        job_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
-    )
+    recipe.train(ctx, args, SGLANG)
 
 
 def full_train(ctx: LaunchContext, args: Args) -> None:

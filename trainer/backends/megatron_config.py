@@ -41,8 +41,10 @@ def provider_settings(args: argparse.Namespace) -> dict[str, Any]:
         "recompute_num_layers": args.recompute_num_layers,
         "attention_dropout": args.attention_dropout,
         "hidden_dropout": args.hidden_dropout,
-        # Micro-batches differ in length; pipeline stages exchange tensor shapes.
+        # Micro-batches differ in length; pipeline stages exchange tensor shapes. Megatron-core
+        # rejects that with its default (allgather) MoE dispatcher, even for dense models.
         "variable_seq_lengths": True,
+        "moe_token_dispatcher_type": "alltoall",
         # Needs apex/TE fused kernels for no gain here: only the small adapters get gradients.
         "gradient_accumulation_fusion": False,
     }

@@ -69,6 +69,12 @@ def _lookup(table: dict[str, BackendSpec], name: str, flag: str) -> BackendSpec:
     return table[name]
 
 
+def gpu_index(device: str) -> int:
+    """``cuda:3`` -> 3; ``cuda`` -> 0."""
+    _, _, index = device.partition(":")
+    return int(index) if index else 0
+
+
 def _factory(spec: BackendSpec) -> Any:
     return importlib.import_module(spec.module).create
 

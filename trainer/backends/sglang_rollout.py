@@ -29,16 +29,11 @@ from typing import Any
 
 from trainer.backends.base import Generation, LoraAdapter, SamplingParams
 from trainer.backends.generation_parsing import parse_outputs, sampling_params
+from trainer.backends.registry import gpu_index
 from trainer.backends.sglang_args import build_server_args
 
 # SGLang's memory-saver tags (sglang/srt/constants.py, 0.5.9).
 KV_CACHE, WEIGHTS, CUDA_GRAPH = "kv_cache", "weights", "cuda_graph"
-
-
-def gpu_index(device: str) -> int:
-    """``cuda:3`` -> 3; ``cuda`` -> 0."""
-    _, _, index = device.partition(":")
-    return int(index) if index else 0
 
 
 class SGLangRolloutEngine:
@@ -76,7 +71,9 @@ class SGLangRolloutEngine:
         name = f"policy-v{adapter.version}-{next(self._names)}"
         tensors = {key: tensor.contiguous() for key, tensor in adapter.tensors.items()}
         if hasattr(self._engine, "load_lora_adapter_from_tensors"):
-            result = self._engine.load_lora_adapter_from_tensors(name, tensors, dict(adapter.config))
+            result = self._engine.load_lora_adapter_from_tensors(
+                name, tensors, dict(adapter.config)
+            )
         else:
             result = self._engine.load_lora_adapter(name, str(self._write(name, tensors, adapter)))
         if not getattr(result, "success", True):

@@ -1,0 +1,1 @@
+"""Recipes shared by the launchers of several platforms (no launcher lives here)."""

@@ -1,0 +1,78 @@
+"""The AMD and CUDA Qwen3-4B LoRA launchers share one recipe: they differ only in platform choices.
+
+Allowed differences: the recorded hardware, SGLang's attention and LoRA backends, the platform
+environment of harness.platform (on ray start and in the job) and the wandb project, which names
+the platform so that each platform's runs stay comparable with each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import ModuleType
+
+import pytest
+
+from harness.diff import Change, diff_recordings
+from harness.platform import ROCM_DEFAULTS
+from harness.record import record
+from launchers import run_qwen3_4b_lora as cuda
+from launchers.amd import run_qwen3_4b_lora as amd
+
+JOB = "ray_job_submit python3 train.py"
+PLATFORM_FIELDS = {"hardware", "wandb_project"}
+
+
+def _recordings(module: ModuleType) -> list[dict]:
+    launcher = module.LAUNCHER
+    recordings = [record(launcher, name).to_dict() for name in launcher.entrypoint_names]
+    for recording in recordings:
+        recording["launcher"] = "qwen3_4b_lora"
+    return json.loads(json.dumps(recordings))
+
+
+def _expected_train_changes() -> set[Change]:
+    flags = {
+        "--wandb-project": (amd.Args().wandb_project, cuda.Args().wandb_project),
+        "--sglang-lora-backend": (amd.SGLANG.lora, cuda.SGLANG.lora),
+        "--sglang-attention-backend": (amd.SGLANG.attention, cuda.SGLANG.attention),
+    }
+    changes = {Change("hardware", "changed", "hardware", "MI355X", "H200")}
+    changes |= {Change("flag", "changed", name, *values, JOB) for name, values in flags.items()}
+    for step in ("ray_start head", JOB):
+        changes |= {Change("env", "removed", *item, step=step) for item in ROCM_DEFAULTS.items()}
+    return changes
+
+
+@pytest.fixture(scope="module")
+def differences() -> dict[str, set[Change]]:
+    (diff,) = diff_recordings(_recordings(amd), _recordings(cuda))
+    return {entrypoint: set(changes) for entrypoint, changes in diff.changes.items()}
+
+
+def test_recordings_differ_only_in_platform_choices(differences: dict[str, set[Change]]) -> None:
+    train = _expected_train_changes()
+    assert differences == {
+        "prepare": {Change("hardware", "changed", "hardware", "MI355X", "H200")},
+        "train": train,
+        "full_train": train,
+    }
+
+
+def test_the_platforms_pick_different_sglang_backends() -> None:
+    assert (amd.SGLANG.attention, amd.SGLANG.lora) == ("triton", "triton")
+    assert (cuda.SGLANG.attention, cuda.SGLANG.lora) == ("flashinfer", "csgmv")
+
+
+def test_the_recipe_options_are_the_same() -> None:
+    def recipe_options(args_type: type) -> dict[str, object]:
+        return {
+            f.name: (f.default, f.metadata.get("help"))
+            for f in dataclasses.fields(args_type)
+            if f.name not in PLATFORM_FIELDS
+        }
+
+    assert recipe_options(amd.Args) == recipe_options(cuda.Args)
+    assert amd.LAUNCHER.entrypoint_names == cuda.LAUNCHER.entrypoint_names
+    assert (amd.LAUNCHER.recorded_hardware, cuda.LAUNCHER.recorded_hardware) == ("MI355X", "H200")
+    assert cuda.LAUNCHER.supported_hardware == ("H100", "H200", "B200")

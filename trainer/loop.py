@@ -1,0 +1,425 @@
+"""The GRPO loop, independent of Ray and of the backends.
+
+Each rollout: sample prompts -> generate `n` responses each -> rewards -> group advantages ->
+log-probabilities of the policy (old) and of the reference (adapter disabled) -> optimizer steps
+over ``--global-batch-size`` samples, split over the data-parallel ranks and into micro-batches
+-> export the adapter, which reaches the rollout engines in memory before they generate again
+-> eval every ``--eval-interval`` -> checkpoint every ``--save-interval`` and at the end.
+
+The loop drives a `TrainerGroup` (data-parallel ranks) and an `EngineGroup` (rollout engines);
+`trainer.placement` provides them as Ray actors. With ``--colocate`` the two take turns on the
+devices through `trainer.backends.colocate.Colocation`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from trainer import checkpoint
+from trainer.backends.base import (
+    ForwardOutput,
+    Generation,
+    LoraAdapter,
+    LossFn,
+    SamplingParams,
+    StepResult,
+    TrainBatch,
+)
+from trainer.backends.colocate import Colocation
+from trainer.data import RolloutDataSource, Sample, num_rollouts_for_epochs
+from trainer.grpo import GRPOConfig, Normalizer, group_advantages, grpo_loss
+from trainer.metrics import MetricsLogger
+from trainer.rewards import get_reward
+
+Shards = Sequence[Sequence[TrainBatch]]  # per data-parallel rank, its micro-batches
+
+
+class TrainerGroup(Protocol):
+    """N data-parallel ranks of one policy; every call covers all ranks."""
+
+    world_size: int
+
+    def forward(self, shards: Shards, *, with_adapter: bool) -> list[list[ForwardOutput]]: ...
+
+    def train_step(self, shards: Shards, loss_fn: LossFn) -> list[StepResult]: ...
+
+    def export_adapter(self) -> LoraAdapter: ...
+
+    def save(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None: ...
+
+    def release_memory(self) -> None: ...
+
+    def resume_memory(self) -> None: ...
+
+
+class EngineGroup(Protocol):
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]: ...
+
+    def load_adapter(self, adapter: LoraAdapter) -> None: ...
+
+    def release_memory(self) -> None: ...
+
+    def resume_memory(self) -> None: ...
+
+
+class Tokenizer(Protocol):
+    pad_token_id: int | None
+    eos_token_id: int | None
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], **kwargs: Any) -> str: ...
+
+
+@dataclass(frozen=True)
+class GRPOLoss:
+    """The `LossFn` of one optimizer step (picklable: it travels to the training actors)."""
+
+    config: GRPOConfig
+    normalizer: Normalizer
+
+    def __call__(
+        self, out: ForwardOutput, batch: TrainBatch
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        return grpo_loss(
+            out.logprobs,
+            batch.old_logprobs,
+            batch.advantages,
+            batch.loss_mask,
+            self.config,
+            ref_logprobs=batch.ref_logprobs,
+            entropy=out.entropy,
+            normalizer=self.normalizer,
+        )
+
+
+def pack(generations: Sequence[Generation], advantages: Sequence[float], pad_id: int) -> TrainBatch:
+    """Right-padded prompt+response rows; per-token tensors align with ``input_ids[:, 1:]``."""
+    width = max(len(g.prompt_ids) + len(g.response_ids) for g in generations)
+    rows = len(generations)
+    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((rows, width), dtype=torch.long)
+    loss_mask = torch.zeros((rows, width - 1), dtype=torch.float32)
+    rollout_logprobs = torch.zeros((rows, width - 1), dtype=torch.float32)
+    for row, g in enumerate(generations):
+        prompt, response = len(g.prompt_ids), len(g.response_ids)
+        input_ids[row, : prompt + response] = torch.tensor(
+            [*g.prompt_ids, *g.response_ids], dtype=torch.long
+        )
+        attention_mask[row, : prompt + response] = 1
+        loss_mask[row, prompt - 1 : prompt - 1 + response] = 1.0
+        rollout_logprobs[row, prompt - 1 : prompt - 1 + response] = torch.tensor(
+            g.response_logprobs, dtype=torch.float32
+        )
+    advantage = torch.tensor(list(advantages), dtype=torch.float32).unsqueeze(-1)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        advantages=advantage * loss_mask,
+        rollout_logprobs=rollout_logprobs,
+    )
+
+
+def schedule(
+    lengths: Sequence[int],
+    *,
+    global_batch: int,
+    world_size: int,
+    micro_batch: int,
+    balance: bool = False,
+) -> list[list[list[list[int]]]]:
+    """Sample indices as [optimizer step][rank][micro-batch][sample].
+
+    Each step takes the next `global_batch` samples, `global_batch / world_size` per rank. With
+    `balance`, a step's samples go longest first to the rank with the fewest tokens so far.
+    """
+    per_rank = global_batch // world_size
+    steps = []
+    for start in range(0, len(lengths), global_batch):
+        indices = list(range(start, start + global_batch))
+        if balance:
+            ranks: list[list[int]] = [[] for _ in range(world_size)]
+            tokens = [0] * world_size
+            for index in sorted(indices, key=lambda i: -lengths[i]):
+                open_ranks = [r for r in range(world_size) if len(ranks[r]) < per_rank]
+                rank = min(open_ranks, key=lambda r: tokens[r])
+                ranks[rank].append(index)
+                tokens[rank] += lengths[index]
+            ranks = [sorted(r) for r in ranks]
+        else:
+            ranks = [indices[r * per_rank : (r + 1) * per_rank] for r in range(world_size)]
+        steps.append(
+            [[r[i : i + micro_batch] for i in range(0, per_rank, micro_batch)] for r in ranks]
+        )
+    return steps
+
+
+def num_rollouts(args: argparse.Namespace, num_prompts: int) -> int:
+    if args.num_rollout is not None:
+        return args.num_rollout
+    return num_rollouts_for_epochs(num_prompts, args.rollout_batch_size, args.num_epoch)
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[f"time/{name}"] = self.times.get(f"time/{name}", 0.0) + (
+                time.perf_counter() - start
+            )
+
+
+class GRPOLoop:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        *,
+        trainers: TrainerGroup,
+        engines: EngineGroup,
+        tokenizer: Tokenizer,
+        source: RolloutDataSource,
+        eval_sets: Mapping[str, Sequence[Sample]],
+        logger_factory: Callable[[int, int], MetricsLogger],
+    ) -> None:
+        self.args = args
+        self.trainers = trainers
+        self.engines = engines
+        self.tokenizer = tokenizer
+        self.source = source
+        self.eval_sets = dict(eval_sets)
+        self.logger_factory = logger_factory
+        self.reward_fn = get_reward(args.rm_type)
+        self.config = GRPOConfig.from_args(args)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
+        self.num_rollout = num_rollouts(args, len(source))
+        self.start = 0
+        self.colocation = Colocation(trainers, engines, colocate=args.colocate)
+        self.pending: LoraAdapter | None = None
+        self.saved: Path | None = None
+        self._prompt_ids: dict[str, list[int]] = {}
+
+    # ------------------------------------------------------------------ resume / save
+
+    def restore(self) -> int:
+        """Resume from ``--load``'s latest checkpoint (if any); returns the first rollout to run."""
+        root = Path(self.args.load) if self.args.load else None
+        iteration = checkpoint.latest_iteration(root)
+        if iteration is None:
+            return self.start
+        assert root is not None
+        path = checkpoint.iter_dir(root, iteration)
+        state = checkpoint.load_state(root, iteration)
+        self.trainers.load(path)
+        self.source.load_state_dict(state["data"])
+        self.start = int(state["rollout_index"])
+        self.pending = self.trainers.export_adapter()
+        self.saved = path / checkpoint.ADAPTER_DIR
+        print(f"resumed from {path} (next rollout {self.start + 1}/{self.num_rollout})", flush=True)
+        return self.start
+
+    def save(self, rollout_index: int) -> Path:
+        if self.args.save:
+            state = {
+                "rollout_index": rollout_index,
+                "data": self.source.state_dict(),
+                "seed": self.args.seed,
+                "rng": {"sampling_seed": self.args.seed, "scheme": "seed * 2**20 + rollout"},
+            }
+            path = checkpoint.save(Path(self.args.save), rollout_index, self.trainers.save, state)
+        else:
+            path = Path(self.args.output_dir) / "final"
+            self.trainers.save(path)
+        self.saved = path / checkpoint.ADAPTER_DIR
+        return path
+
+    def due(self, interval: int | None, rollout_id: int) -> bool:
+        return bool(interval) and (rollout_id + 1) % interval == 0
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> Path | None:
+        self.colocation.start()
+        logger = self.logger_factory(self.start, self.num_rollout)
+        try:
+            for rollout_id in range(self.start, self.num_rollout):
+                metrics = self.step(rollout_id)
+                logger.log(rollout_id, metrics)
+        finally:
+            logger.close()
+        return self.saved
+
+    def step(self, rollout_id: int) -> dict[str, float]:
+        timer = Timer()
+        with timer("step"):
+            samples = self.source.next_batch(self.args.rollout_batch_size)
+            with self.colocation.rollout():
+                self.publish(timer)
+                with timer("rollout"):
+                    generations = self.generate(samples, rollout_id, evaluation=False)
+            with timer("reward"):
+                rewards = self.rewards(samples, generations, self.args.n_samples_per_prompt)
+            metrics = rollout_metrics(generations, rewards, self.args.n_samples_per_prompt)
+            advantages = group_advantages(
+                rewards, self.args.n_samples_per_prompt, self.args.normalize_advantages
+            )
+            metrics.update(self.train(generations, advantages, timer))
+            with timer("export_adapter"):
+                self.pending = self.trainers.export_adapter()
+            last = rollout_id + 1 == self.num_rollout
+            if self.eval_sets and (self.due(self.args.eval_interval, rollout_id) or last):
+                with timer("eval"):
+                    metrics.update(self.evaluate(rollout_id, timer))
+            if self.due(self.args.save_interval, rollout_id) or last:
+                with timer("save"):
+                    self.save(rollout_id + 1)
+        return {**metrics, **timer.times}
+
+    def publish(self, timer: Timer) -> None:
+        if self.pending is not None:
+            with timer("load_adapter"):
+                self.engines.load_adapter(self.pending)
+            self.pending = None
+
+    def prompt_ids(self, sample: Sample) -> list[int]:
+        if sample.prompt not in self._prompt_ids:
+            ids = self.tokenizer.encode(sample.prompt, add_special_tokens=False)
+            self._prompt_ids[sample.prompt] = list(ids)
+        return self._prompt_ids[sample.prompt]
+
+    def generate(
+        self, samples: Sequence[Sample], rollout_id: int, *, evaluation: bool
+    ) -> list[Generation]:
+        args = self.args
+        n = args.n_samples_per_eval_prompt if evaluation else args.n_samples_per_prompt
+        prompts = [self.prompt_ids(s) for s in samples for _ in range(n)]
+        params = SamplingParams(
+            max_new_tokens=args.eval_max_response_len
+            if evaluation
+            else args.rollout_max_response_len,
+            temperature=args.eval_temperature if evaluation else args.rollout_temperature,
+            top_p=args.eval_top_p if evaluation else args.rollout_top_p,
+            top_k=args.rollout_top_k,
+            seed=args.seed * 2**20 + rollout_id + (2**19 if evaluation else 0),
+        )
+        return self.engines.generate(prompts, params)
+
+    def rewards(
+        self, samples: Sequence[Sample], generations: Sequence[Generation], n: int
+    ) -> torch.Tensor:
+        labels = [s.label for s in samples for _ in range(n)]
+        values = [
+            self.reward_fn(self.tokenizer.decode(g.response_ids, skip_special_tokens=True), label)
+            for g, label in zip(generations, labels, strict=True)
+        ]
+        return torch.tensor(values, dtype=torch.float32)
+
+    def train(
+        self, generations: Sequence[Generation], advantages: torch.Tensor, timer: Timer
+    ) -> dict[str, float]:
+        args = self.args
+        world = self.trainers.world_size
+        plan = schedule(
+            [len(g.prompt_ids) + len(g.response_ids) for g in generations],
+            global_batch=args.global_batch_size,
+            world_size=world,
+            micro_batch=args.micro_batch_size,
+            balance=args.balance_data,
+        )
+        batches = [
+            [
+                [
+                    pack([generations[i] for i in mb], advantages[mb].tolist(), self.pad_id)
+                    for mb in rank
+                ]
+                for rank in step
+            ]
+            for step in plan
+        ]
+        with timer("logprobs"):
+            flat = [rank for step in batches for rank in step]
+            shards = [[mb for rank in flat[r::world] for mb in rank] for r in range(world)]
+            old = self.trainers.forward(shards, with_adapter=True)
+            ref = self.trainers.forward(shards, with_adapter=False)
+            for r in range(world):
+                for mb, o, f in zip(shards[r], old[r], ref[r], strict=True):
+                    mb.old_logprobs, mb.ref_logprobs = o.logprobs, f.logprobs
+        diffs = [
+            (
+                float(((mb.old_logprobs - mb.rollout_logprobs).abs() * mb.loss_mask).sum()),
+                float(mb.loss_mask.sum()),
+            )
+            for shard in shards
+            for mb in shard
+        ]
+        step_metrics: list[dict[str, float]] = []
+        with timer("train"):
+            for step in batches:
+                counts = Normalizer.from_masks(mb.loss_mask for rank in step for mb in rank)
+                normalizer = replace(
+                    counts, tokens=counts.tokens / world, sequences=counts.sequences / world
+                )
+                results = self.trainers.train_step(step, GRPOLoss(self.config, normalizer))
+                step_metrics.append(average_results(results))
+        metrics = {
+            f"train/{k}": sum(m[k] for m in step_metrics) / len(step_metrics)
+            for k in step_metrics[0]
+        }
+        metrics["train/train_rollout_logprob_abs_diff"] = sum(d for d, _ in diffs) / max(
+            1.0, sum(c for _, c in diffs)
+        )
+        return metrics
+
+    def evaluate(self, rollout_id: int, timer: Timer) -> dict[str, float]:
+        scores = {}
+        with self.colocation.rollout():
+            self.publish(timer)
+            for name, samples in self.eval_sets.items():
+                generations = self.generate(samples, rollout_id, evaluation=True)
+                rewards = self.rewards(samples, generations, self.args.n_samples_per_eval_prompt)
+                scores[f"eval/{name}"] = float(rewards.mean())
+        return scores
+
+
+def average_results(results: Sequence[StepResult]) -> dict[str, float]:
+    """Metrics averaged over ranks (each rank's are its share of the step's value)."""
+    keys = results[0].metrics.keys()
+    averaged = {k: sum(r.metrics[k] for r in results) / len(results) for k in keys}
+    averaged["grad_norm"] = results[0].grad_norm
+    return averaged
+
+
+def rollout_metrics(
+    generations: Sequence[Generation], rewards: torch.Tensor, group_size: int
+) -> dict[str, float]:
+    lengths = torch.tensor([len(g.response_ids) for g in generations], dtype=torch.float32)
+    groups = rewards.view(-1, group_size)
+    return {
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "rollout/response_len_mean": float(lengths.mean()),
+        "rollout/response_len_max": float(lengths.max()),
+        "rollout/truncated_ratio": sum(g.truncated for g in generations) / len(generations),
+        "rollout/zero_std_group_ratio": float((groups.std(dim=1) == 0).float().mean())
+        if group_size > 1
+        else 1.0,
+    }

@@ -1,0 +1,361 @@
+"""Ray placement: one placement group, the training ranks and the rollout engines as actors.
+
+The group has one bundle per device: ``--actor-num-nodes x --actor-num-gpus-per-node`` for the
+training ranks and, unless ``--colocate``, ``--rollout-num-gpus`` more for the engines. A bundle
+is ``{"GPU": 1, "CPU": 1}`` on GPUs and ``{"CPU": 1}`` on the CPU. Colocated, a rank and an
+engine share a bundle (half of it each) and take turns on the device. Engine ``i`` starts at
+bundle ``i x --rollout-num-gpus-per-engine`` of its range and drives that many devices.
+
+The training ranks form one torch.distributed group (NCCL on GPUs, gloo on the CPU) whose
+rendezvous address is rank 0's node and a free port there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from trainer.arguments import actor_num_gpus
+from trainer.backends.base import (
+    ForwardOutput,
+    Generation,
+    LoraAdapter,
+    LossFn,
+    SamplingParams,
+    StepResult,
+    TrainBatch,
+)
+
+PLACEMENT_TIMEOUT_S = 120.0
+COLOCATED_SHARE = 0.5
+
+
+class PlacementError(RuntimeError):
+    """The cluster cannot hold the placement group (one line)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    device: str  # "cpu" or "cuda"
+    train_bundles: tuple[int, ...]  # bundle of each training rank
+    engine_bundles: tuple[int, ...]  # first bundle of each rollout engine
+    num_bundles: int
+    colocate: bool
+
+    @property
+    def bundle(self) -> dict[str, float]:
+        return {"CPU": 1.0} if self.device == "cpu" else {"CPU": 1.0, "GPU": 1.0}
+
+    @property
+    def share(self) -> float:
+        """Fraction of a bundle each actor takes."""
+        return COLOCATED_SHARE if self.colocate else 1.0
+
+    def needs(self) -> dict[str, float]:
+        return {k: v * self.num_bundles for k, v in self.bundle.items()}
+
+
+def plan_layout(args: argparse.Namespace, device: str) -> Layout:
+    ranks = actor_num_gpus(args)
+    per_engine = args.rollout_num_gpus_per_engine
+    engines = args.rollout_num_gpus // per_engine
+    first = 0 if args.colocate else ranks
+    return Layout(
+        device=device,
+        train_bundles=tuple(range(ranks)),
+        engine_bundles=tuple(first + i * per_engine for i in range(engines)),
+        num_bundles=ranks if args.colocate else ranks + args.rollout_num_gpus,
+        colocate=args.colocate,
+    )
+
+
+def resolve_device(args: argparse.Namespace, cluster: dict[str, float]) -> str:
+    """``--device auto``: cuda when the cluster has a GPU per training rank, else cpu."""
+    if args.device != "auto":
+        return args.device
+    return "cuda" if cluster.get("GPU", 0) >= actor_num_gpus(args) else "cpu"
+
+
+def check_resources(layout: Layout, cluster: dict[str, float]) -> None:
+    short = {
+        k: (v, cluster.get(k, 0.0)) for k, v in layout.needs().items() if cluster.get(k, 0) < v
+    }
+    if short:
+        have = ", ".join(f"{k} {int(h)} of {int(v)} needed" for k, (v, h) in sorted(short.items()))
+        raise PlacementError(
+            f"the Ray cluster cannot hold {layout.num_bundles} bundle(s) of {layout.bundle} "
+            f"({have}); start Ray with more resources (ray start --num-cpus/--num-gpus) or "
+            "ask for fewer devices"
+        )
+
+
+def local_gpu_index(gpu_id: str, environ: dict[str, str] | None = None) -> int:
+    """torch's index of the GPU Ray assigned: its position among the visible devices.
+
+    Ray narrows ``CUDA_VISIBLE_DEVICES`` to the actor's GPU (index 0), unless the launcher set
+    ``RAY_EXPERIMENTAL_NOSET_*_VISIBLE_DEVICES``, where all devices stay visible.
+    """
+    environ = dict(os.environ) if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES") or environ.get("HIP_VISIBLE_DEVICES")
+    if visible:
+        ids = [part.strip() for part in visible.split(",")]
+        if gpu_id in ids:
+            return ids.index(gpu_id)
+    return int(gpu_id)
+
+
+def actor_device(kind: str) -> str:
+    if kind == "cpu":
+        return "cpu"
+    import ray
+
+    gpu_ids = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+    return f"cuda:{local_gpu_index(str(gpu_ids[0]))}" if gpu_ids else "cuda:0"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+class TrainWorker:
+    """One data-parallel training rank (a Ray actor) around a `PolicyTrainer`."""
+
+    def __init__(
+        self, args: argparse.Namespace, rank: int, world_size: int, kind: str, total_steps: int
+    ) -> None:
+        self.args = args
+        self.rank = rank
+        self.world_size = world_size
+        self.kind = kind
+        self.total_steps = total_steps
+        self.trainer: Any = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> str:
+        import torch
+        import torch.distributed as dist
+
+        from trainer.backends import registry
+
+        device = actor_device(self.kind)
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+        if self.world_size > 1:
+            dist.init_process_group(
+                backend="gloo" if device == "cpu" else "nccl",
+                init_method=f"tcp://{master_addr}:{master_port}",
+                rank=self.rank,
+                world_size=self.world_size,
+            )
+        self.trainer = registry.create_trainer(self.args, device, total_steps=self.total_steps)
+        return device
+
+    def forward(self, batches: Sequence[TrainBatch], with_adapter: bool) -> list[ForwardOutput]:
+        return [self.trainer.forward(b, with_adapter=with_adapter) for b in batches]
+
+    def train_step(self, batches: Sequence[TrainBatch], loss_fn: LossFn) -> StepResult:
+        return self.trainer.train_step(batches, loss_fn)
+
+    def export_adapter(self) -> LoraAdapter:
+        return self.trainer.export_adapter()
+
+    def save(self, path: str) -> None:
+        self.trainer.save(Path(path))
+
+    def load(self, path: str) -> None:
+        self.trainer.load(Path(path))
+
+    def release_memory(self) -> None:
+        self.trainer.release_memory()
+
+    def resume_memory(self) -> None:
+        self.trainer.resume_memory()
+
+
+class RolloutWorker:
+    """One rollout engine (a Ray actor) around a `RolloutEngine`."""
+
+    def __init__(self, args: argparse.Namespace, kind: str) -> None:
+        from trainer.backends import registry
+
+        self.device = actor_device(kind)
+        self.engine = registry.create_rollout(args, self.device)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]:
+        return self.engine.generate(prompts, params)
+
+    def load_adapter(self, adapter: LoraAdapter) -> None:
+        self.engine.load_adapter(adapter)
+
+    def release_memory(self) -> None:
+        self.engine.release_memory()
+
+    def resume_memory(self) -> None:
+        self.engine.resume_memory()
+
+
+class RayTrainerGroup:
+    """The `TrainerGroup` of `trainer.loop` over `TrainWorker` actors."""
+
+    def __init__(self, workers: Sequence[Any]) -> None:
+        self.workers = list(workers)
+        self.world_size = len(self.workers)
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+
+    def forward(
+        self, shards: Sequence[Sequence[TrainBatch]], *, with_adapter: bool
+    ) -> list[list[ForwardOutput]]:
+        import ray
+
+        return ray.get(
+            [
+                w.forward.remote(list(s), with_adapter)
+                for w, s in zip(self.workers, shards, strict=True)
+            ]
+        )
+
+    def train_step(
+        self, shards: Sequence[Sequence[TrainBatch]], loss_fn: LossFn
+    ) -> list[StepResult]:
+        import ray
+
+        return ray.get(
+            [
+                w.train_step.remote(list(s), loss_fn)
+                for w, s in zip(self.workers, shards, strict=True)
+            ]
+        )
+
+    def export_adapter(self) -> LoraAdapter:
+        import ray
+
+        return ray.get(self.workers[0].export_adapter.remote())
+
+    def save(self, path: Path) -> None:
+        import ray
+
+        ray.get(self.workers[0].save.remote(str(path)))
+
+    def load(self, path: Path) -> None:
+        self._all("load", str(path))
+
+    def release_memory(self) -> None:
+        self._all("release_memory")
+
+    def resume_memory(self) -> None:
+        self._all("resume_memory")
+
+
+class RayEngineGroup:
+    """The `EngineGroup` of `trainer.loop`: prompts split evenly over `RolloutWorker` actors."""
+
+    def __init__(self, workers: Sequence[Any]) -> None:
+        self.workers = list(workers)
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[Generation]:
+        import ray
+
+        count = len(self.workers)
+        size, extra = divmod(len(prompts), count)
+        calls, start = [], 0
+        for i, worker in enumerate(self.workers):
+            end = start + size + (1 if i < extra else 0)
+            seed = None if params.seed is None else params.seed + i
+            calls.append(
+                worker.generate.remote(list(prompts[start:end]), replace(params, seed=seed))
+            )
+            start = end
+        return [g for chunk in ray.get(calls) for g in chunk]
+
+    def load_adapter(self, adapter: LoraAdapter) -> None:
+        import ray
+
+        ref = ray.put(adapter)
+        self._all("load_adapter", ref)
+
+    def release_memory(self) -> None:
+        self._all("release_memory")
+
+    def resume_memory(self) -> None:
+        self._all("resume_memory")
+
+
+@dataclass
+class Cluster:
+    placement_group: Any
+    trainers: RayTrainerGroup
+    engines: RayEngineGroup
+    devices: list[str]
+
+    def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for worker in [*self.trainers.workers, *self.engines.workers]:
+            ray.kill(worker)
+        remove_placement_group(self.placement_group)
+
+
+def launch(args: argparse.Namespace, layout: Layout, *, total_steps: int) -> Cluster:
+    """Reserve the placement group and start the training ranks and the rollout engines."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    check_resources(layout, ray.cluster_resources())
+    group = placement_group([layout.bundle] * layout.num_bundles, strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        raise PlacementError(
+            f"{layout.num_bundles} bundle(s) of {layout.bundle} were not placed within "
+            f"{PLACEMENT_TIMEOUT_S:.0f} s (is another job holding the devices?)"
+        ) from None
+
+    def options(bundle: int) -> dict[str, Any]:
+        return {
+            "num_cpus": layout.share,
+            "num_gpus": 0 if layout.device == "cpu" else layout.share,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=bundle
+            ),
+        }
+
+    world = len(layout.train_bundles)
+    train_cls = ray.remote(TrainWorker)
+    trainers = [
+        train_cls.options(**options(b)).remote(args, rank, world, layout.device, total_steps)
+        for rank, b in enumerate(layout.train_bundles)
+    ]
+    rollout_cls = ray.remote(RolloutWorker)
+    engines = [
+        rollout_cls.options(**options(b)).remote(args, layout.device) for b in layout.engine_bundles
+    ]
+    master_addr, master_port = ray.get(trainers[0].rendezvous.remote())
+    devices = ray.get([t.setup.remote(master_addr, master_port) for t in trainers])
+    ray.get([e.__ray_ready__.remote() for e in engines])
+    return Cluster(group, RayTrainerGroup(trainers), RayEngineGroup(engines), devices)
