@@ -233,3 +233,9 @@ def test_parse_args_or_exit_prints_one_line_and_exits_2(
     err = capsys.readouterr().err
     assert err == "train.py: error: --lora-rank must be > 0 (got 0)\n"
     assert parse_args_or_exit(BASE).lora_rank == 16
+
+
+def test_unknown_sglang_flag_is_rejected_with_close_names() -> None:
+    message = error_of([*AMD_ARGV, "--sglang-enable-lorra", "true"])
+    assert message.startswith("--sglang-enable-lorra: unknown SGLang server argument")
+    assert "--sglang-enable-lora" in message

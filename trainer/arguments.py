@@ -513,3 +513,10 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
         given += [SGLANG_PREFIX + key for key in sorted(args.sglang_extra)]
         if given:
             yield f"{given[0]} needs --rollout-backend sglang"
+    elif args.sglang_extra:
+        from trainer.backends.sglang_args import SGLangArgError, coerce_extra
+
+        try:
+            coerce_extra(args.sglang_extra)
+        except SGLangArgError as err:
+            yield str(err)
