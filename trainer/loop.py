@@ -43,7 +43,8 @@ Shards = Sequence[Sequence[TrainBatch]]  # per data-parallel rank, its micro-bat
 
 
 class TrainerGroup(Protocol):
-    """N data-parallel ranks of one policy; every call covers all ranks."""
+    """`world_size` data-parallel ranks of one policy; ``shards[i]`` goes to rank i, and the
+    results come back in rank order."""
 
     world_size: int
 
@@ -224,13 +225,12 @@ class GRPOLoop:
         """Resume from ``--load``'s latest checkpoint (if any); returns the first rollout to run."""
         root = Path(self.args.load) if self.args.load else None
         iteration = checkpoint.latest_iteration(root)
-        if iteration is None:
+        if root is None or iteration is None:
             return self.start
-        assert root is not None
         path = checkpoint.iter_dir(root, iteration)
         state = checkpoint.load_state(root, iteration)
-        self.trainers.load(path)
         self.source.load_state_dict(state["data"])
+        self.trainers.load(path)
         self.start = int(state["rollout_index"])
         self.pending = self.trainers.export_adapter()
         self.saved = path / checkpoint.ADAPTER_DIR
@@ -238,12 +238,12 @@ class GRPOLoop:
         return self.start
 
     def save(self, rollout_index: int) -> Path:
+        """A checkpoint under ``--save`` (or, without it, the adapter in <output-dir>/final)."""
         if self.args.save:
             state = {
                 "rollout_index": rollout_index,
                 "data": self.source.state_dict(),
                 "seed": self.args.seed,
-                "rng": {"sampling_seed": self.args.seed, "scheme": "seed * 2**20 + rollout"},
             }
             path = checkpoint.save(Path(self.args.save), rollout_index, self.trainers.save, state)
         else:
@@ -262,8 +262,12 @@ class GRPOLoop:
         logger = self.logger_factory(self.start, self.num_rollout)
         try:
             for rollout_id in range(self.start, self.num_rollout):
-                metrics = self.step(rollout_id)
-                logger.log(rollout_id, metrics)
+                logger.log(rollout_id, self.step(rollout_id))
+                last = rollout_id + 1 == self.num_rollout
+                if self.due(self.args.save_interval, rollout_id) or last:
+                    started = time.perf_counter()
+                    path = self.save(rollout_id + 1)
+                    print(f"saved {path} ({time.perf_counter() - started:.1f} s)", flush=True)
         finally:
             logger.close()
         return self.saved
@@ -289,9 +293,6 @@ class GRPOLoop:
             if self.eval_sets and (self.due(self.args.eval_interval, rollout_id) or last):
                 with timer("eval"):
                     metrics.update(self.evaluate(rollout_id, timer))
-            if self.due(self.args.save_interval, rollout_id) or last:
-                with timer("save"):
-                    self.save(rollout_id + 1)
         return {**metrics, **timer.times}
 
     def publish(self, timer: Timer) -> None:
@@ -309,18 +310,23 @@ class GRPOLoop:
     def generate(
         self, samples: Sequence[Sample], rollout_id: int, *, evaluation: bool
     ) -> list[Generation]:
+        """`n` responses per sample, sampling seeded by (seed, rollout): a resumed run samples
+        what the uninterrupted run would have."""
         args = self.args
-        n = args.n_samples_per_eval_prompt if evaluation else args.n_samples_per_prompt
-        prompts = [self.prompt_ids(s) for s in samples for _ in range(n)]
+        if evaluation:
+            n, length = args.n_samples_per_eval_prompt, args.eval_max_response_len
+            temperature, top_p, salt = args.eval_temperature, args.eval_top_p, 2**19
+        else:
+            n, length = args.n_samples_per_prompt, args.rollout_max_response_len
+            temperature, top_p, salt = args.rollout_temperature, args.rollout_top_p, 0
         params = SamplingParams(
-            max_new_tokens=args.eval_max_response_len
-            if evaluation
-            else args.rollout_max_response_len,
-            temperature=args.eval_temperature if evaluation else args.rollout_temperature,
-            top_p=args.eval_top_p if evaluation else args.rollout_top_p,
+            max_new_tokens=length,
+            temperature=temperature,
+            top_p=top_p,
             top_k=args.rollout_top_k,
-            seed=args.seed * 2**20 + rollout_id + (2**19 if evaluation else 0),
+            seed=args.seed * 2**20 + salt + rollout_id,
         )
+        prompts = [self.prompt_ids(s) for s in samples for _ in range(n)]
         return self.engines.generate(prompts, params)
 
     def rewards(
@@ -336,16 +342,35 @@ class GRPOLoop:
     def train(
         self, generations: Sequence[Generation], advantages: torch.Tensor, timer: Timer
     ) -> dict[str, float]:
-        args = self.args
+        steps = self.micro_batches(generations, advantages)
         world = self.trainers.world_size
+        with timer("logprobs"):
+            diff = self.attach_logprobs(steps)
+        results: list[dict[str, float]] = []
+        with timer("train"):
+            for step in steps:
+                counts = Normalizer.from_masks(mb.loss_mask for rank in step for mb in rank)
+                normalizer = replace(
+                    counts, tokens=counts.tokens / world, sequences=counts.sequences / world
+                )
+                loss_fn = GRPOLoss(self.config, normalizer)
+                results.append(average_results(self.trainers.train_step(step, loss_fn)))
+        metrics = {f"train/{k}": sum(r[k] for r in results) / len(results) for k in results[0]}
+        metrics["train/train_rollout_logprob_abs_diff"] = diff
+        return metrics
+
+    def micro_batches(
+        self, generations: Sequence[Generation], advantages: torch.Tensor
+    ) -> list[list[list[TrainBatch]]]:
+        """Packed micro-batches as [optimizer step][rank][micro-batch]."""
         plan = schedule(
             [len(g.prompt_ids) + len(g.response_ids) for g in generations],
-            global_batch=args.global_batch_size,
-            world_size=world,
-            micro_batch=args.micro_batch_size,
-            balance=args.balance_data,
+            global_batch=self.args.global_batch_size,
+            world_size=self.trainers.world_size,
+            micro_batch=self.args.micro_batch_size,
+            balance=self.args.balance_data,
         )
-        batches = [
+        return [
             [
                 [
                     pack([generations[i] for i in mb], advantages[mb].tolist(), self.pad_id)
@@ -355,39 +380,21 @@ class GRPOLoop:
             ]
             for step in plan
         ]
-        with timer("logprobs"):
-            flat = [rank for step in batches for rank in step]
-            shards = [[mb for rank in flat[r::world] for mb in rank] for r in range(world)]
-            old = self.trainers.forward(shards, with_adapter=True)
-            ref = self.trainers.forward(shards, with_adapter=False)
-            for r in range(world):
-                for mb, o, f in zip(shards[r], old[r], ref[r], strict=True):
-                    mb.old_logprobs, mb.ref_logprobs = o.logprobs, f.logprobs
-        diffs = [
-            (
-                float(((mb.old_logprobs - mb.rollout_logprobs).abs() * mb.loss_mask).sum()),
-                float(mb.loss_mask.sum()),
-            )
-            for shard in shards
-            for mb in shard
-        ]
-        step_metrics: list[dict[str, float]] = []
-        with timer("train"):
-            for step in batches:
-                counts = Normalizer.from_masks(mb.loss_mask for rank in step for mb in rank)
-                normalizer = replace(
-                    counts, tokens=counts.tokens / world, sequences=counts.sequences / world
-                )
-                results = self.trainers.train_step(step, GRPOLoss(self.config, normalizer))
-                step_metrics.append(average_results(results))
-        metrics = {
-            f"train/{k}": sum(m[k] for m in step_metrics) / len(step_metrics)
-            for k in step_metrics[0]
-        }
-        metrics["train/train_rollout_logprob_abs_diff"] = sum(d for d, _ in diffs) / max(
-            1.0, sum(c for _, c in diffs)
-        )
-        return metrics
+
+    def attach_logprobs(self, steps: list[list[list[TrainBatch]]]) -> float:
+        """Set old (policy) and reference (adapter disabled) log-probabilities on every
+        micro-batch, before any optimizer step; returns mean |old - rollout| per token."""
+        world = self.trainers.world_size
+        shards = [[mb for step in steps for mb in step[rank]] for rank in range(world)]
+        old = self.trainers.forward(shards, with_adapter=True)
+        ref = self.trainers.forward(shards, with_adapter=False)
+        total = tokens = 0.0
+        for shard, old_out, ref_out in zip(shards, old, ref, strict=True):
+            for mb, o, f in zip(shard, old_out, ref_out, strict=True):
+                mb.old_logprobs, mb.ref_logprobs = o.logprobs, f.logprobs
+                total += float(((o.logprobs - mb.rollout_logprobs).abs() * mb.loss_mask).sum())
+                tokens += float(mb.loss_mask.sum())
+        return total / max(tokens, 1.0)
 
     def evaluate(self, rollout_id: int, timer: Timer) -> dict[str, float]:
         scores = {}

@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,8 @@ class MetricsLogger:
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
         os.replace(tmp, self.path)
-        self._wandb = _init_wandb(output_dir, args) if args is not None and args.use_wandb else None
+        wanted = args is not None and args.use_wandb and args.wandb_mode != "disabled"
+        self._wandb = _init_wandb(output_dir, args) if wanted else None
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         record = {"step": step, **{k: _finite(v) for k, v in metrics.items()}}
@@ -97,7 +99,7 @@ def _init_wandb(output_dir: Path, args: argparse.Namespace) -> Any:
     from trainer.arguments import resolved_config
 
     id_file = output_dir / WANDB_ID_FILE
-    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
     id_file.write_text(run_id)
     return wandb.init(
         project=args.wandb_project,

@@ -7,7 +7,8 @@ engine share a bundle (half of it each) and take turns on the device. Engine ``i
 bundle ``i x --rollout-num-gpus-per-engine`` of its range and drives that many devices.
 
 The training ranks form one torch.distributed group (NCCL on GPUs, gloo on the CPU) whose
-rendezvous address is rank 0's node and a free port there.
+rendezvous address is rank 0's node and a free port there. Every training call reaches every
+rank (a backend's calls may be collective); data shards go by data-parallel rank.
 """
 
 from __future__ import annotations
@@ -118,6 +119,13 @@ def actor_device(kind: str) -> str:
     return f"cuda:{local_gpu_index(str(gpu_ids[0]))}" if gpu_ids else "cuda:0"
 
 
+def quiet_progress_bars() -> None:
+    """No per-actor weight-loading progress bars interleaved with the metrics lines."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
@@ -142,24 +150,25 @@ class TrainWorker:
 
         return ray.util.get_node_ip_address(), free_port()
 
-    def setup(self, master_addr: str, master_port: int) -> str:
+    def setup(self, master_addr: str, master_port: int) -> tuple[str, int]:
+        """Join the process group, build the trainer; returns (device, data-parallel rank)."""
         import torch
         import torch.distributed as dist
 
         from trainer.backends import registry
 
+        quiet_progress_bars()
         device = actor_device(self.kind)
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
-        if self.world_size > 1:
-            dist.init_process_group(
-                backend="gloo" if device == "cpu" else "nccl",
-                init_method=f"tcp://{master_addr}:{master_port}",
-                rank=self.rank,
-                world_size=self.world_size,
-            )
+        dist.init_process_group(
+            backend="gloo" if device == "cpu" else "nccl",
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=self.rank,
+            world_size=self.world_size,
+        )
         self.trainer = registry.create_trainer(self.args, device, total_steps=self.total_steps)
-        return device
+        return device, int(getattr(self.trainer, "data_parallel_rank", self.rank))
 
     def forward(self, batches: Sequence[TrainBatch], with_adapter: bool) -> list[ForwardOutput]:
         return [self.trainer.forward(b, with_adapter=with_adapter) for b in batches]
@@ -189,6 +198,7 @@ class RolloutWorker:
     def __init__(self, args: argparse.Namespace, kind: str) -> None:
         from trainer.backends import registry
 
+        quiet_progress_bars()
         self.device = actor_device(kind)
         self.engine = registry.create_rollout(args, self.device)
 
@@ -208,50 +218,54 @@ class RolloutWorker:
 
 
 class RayTrainerGroup:
-    """The `TrainerGroup` of `trainer.loop` over `TrainWorker` actors."""
+    """The `TrainerGroup` of `trainer.loop` over `TrainWorker` actors.
 
-    def __init__(self, workers: Sequence[Any]) -> None:
+    Its `world_size` is the data-parallel size: workers of one data-parallel rank (Megatron's
+    tensor/pipeline/context-parallel peers) get the same shard, and the first of them answers.
+    Every call reaches every worker, since a backend's calls may be collective.
+    """
+
+    def __init__(self, workers: Sequence[Any], dp_ranks: Sequence[int]) -> None:
         self.workers = list(workers)
-        self.world_size = len(self.workers)
+        self.dp_ranks = list(dp_ranks)
+        self.world_size = max(self.dp_ranks) + 1
+        self.leaders = [self.dp_ranks.index(d) for d in range(self.world_size)]
 
-    def _all(self, method: str, *args: Any) -> list[Any]:
+    def _scatter(self, method: str, shards: Sequence[Sequence[TrainBatch]], *extra: Any) -> list:
         import ray
 
-        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+        refs = [
+            getattr(worker, method).remote(list(shards[d]), *extra)
+            for worker, d in zip(self.workers, self.dp_ranks, strict=True)
+        ]
+        results = ray.get(refs)
+        return [results[i] for i in self.leaders]
+
+    def _all(self, method: str, *args: Any) -> None:
+        import ray
+
+        ray.get([getattr(w, method).remote(*args) for w in self.workers])
 
     def forward(
         self, shards: Sequence[Sequence[TrainBatch]], *, with_adapter: bool
     ) -> list[list[ForwardOutput]]:
-        import ray
-
-        return ray.get(
-            [
-                w.forward.remote(list(s), with_adapter)
-                for w, s in zip(self.workers, shards, strict=True)
-            ]
-        )
+        return self._scatter("forward", shards, with_adapter)
 
     def train_step(
         self, shards: Sequence[Sequence[TrainBatch]], loss_fn: LossFn
     ) -> list[StepResult]:
-        import ray
-
-        return ray.get(
-            [
-                w.train_step.remote(list(s), loss_fn)
-                for w, s in zip(self.workers, shards, strict=True)
-            ]
-        )
+        return self._scatter("train_step", shards, loss_fn)
 
     def export_adapter(self) -> LoraAdapter:
         import ray
 
-        return ray.get(self.workers[0].export_adapter.remote())
+        refs = [w.export_adapter.remote() for w in self.workers]
+        adapter = ray.get(refs[0])
+        ray.wait(refs[1:], num_returns=len(refs) - 1, fetch_local=False)
+        return adapter
 
     def save(self, path: Path) -> None:
-        import ray
-
-        ray.get(self.workers[0].save.remote(str(path)))
+        self._all("save", str(path))
 
     def load(self, path: Path) -> None:
         self._all("load", str(path))
@@ -269,10 +283,10 @@ class RayEngineGroup:
     def __init__(self, workers: Sequence[Any]) -> None:
         self.workers = list(workers)
 
-    def _all(self, method: str, *args: Any) -> list[Any]:
+    def _all(self, method: str, *args: Any) -> None:
         import ray
 
-        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+        ray.get([getattr(w, method).remote(*args) for w in self.workers])
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -309,7 +323,6 @@ class Cluster:
     placement_group: Any
     trainers: RayTrainerGroup
     engines: RayEngineGroup
-    devices: list[str]
 
     def shutdown(self) -> None:
         import ray
@@ -356,6 +369,7 @@ def launch(args: argparse.Namespace, layout: Layout, *, total_steps: int) -> Clu
         rollout_cls.options(**options(b)).remote(args, layout.device) for b in layout.engine_bundles
     ]
     master_addr, master_port = ray.get(trainers[0].rendezvous.remote())
-    devices = ray.get([t.setup.remote(master_addr, master_port) for t in trainers])
+    ranks = ray.get([t.setup.remote(master_addr, master_port) for t in trainers])
     ray.get([e.__ray_ready__.remote() for e in engines])
-    return Cluster(group, RayTrainerGroup(trainers), RayEngineGroup(engines), devices)
+    dp_ranks = [dp_rank for _, dp_rank in ranks]
+    return Cluster(group, RayTrainerGroup(trainers, dp_ranks), RayEngineGroup(engines))

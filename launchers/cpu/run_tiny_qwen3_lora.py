@@ -38,14 +38,15 @@ class Args(LauncherArgs):
 
     lora_rank: int = arg(8, "LoRA rank")
     lora_alpha: int = arg(16, "LoRA alpha")
-    num_rollout: int = arg(4, "rollouts (one optimizer update each)")
+    num_rollout: int = arg(30, "rollouts (one optimizer update each)")
     rollout_batch_size: int = arg(8, "prompts per rollout")
     n_samples_per_prompt: int = arg(8, "samples per prompt (the GRPO group)")
-    rollout_max_response_len: int = arg(12, "response window in tokens")
+    rollout_max_response_len: int = arg(4, "response window in tokens")
     global_batch_size: int = arg(64, "samples per optimizer update")
-    lr: float = arg(3e-3, "learning rate")
-    save_interval: int = arg(2, "save a checkpoint every N rollouts")
-    eval_interval: int = arg(2, "evaluate every N rollouts")
+    micro_batch_size: int = arg(32, "samples per forward/backward pass of a rank")
+    lr: float = arg(5e-3, "learning rate")
+    save_interval: int = arg(10, "save a checkpoint every N rollouts")
+    eval_interval: int = arg(10, "evaluate every N rollouts")
 
 
 def prepare(ctx: LaunchContext, args: Args) -> None:
@@ -86,6 +87,7 @@ def train(ctx: LaunchContext, args: Args) -> None:
             rollout_max_response_len=args.rollout_max_response_len,
             rollout_temperature=1.0,
             global_batch_size=args.global_batch_size,
+            micro_batch_size=args.micro_batch_size,
         ),
         *flags(
             eval_interval=args.eval_interval,

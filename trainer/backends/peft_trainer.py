@@ -17,8 +17,8 @@ from typing import Any
 
 from trainer.backends.base import ForwardOutput, LoraAdapter, LossFn, StepResult, TrainBatch
 from trainer.backends.devices import empty_cache, torch_dtype
+from trainer.checkpoint import ADAPTER_DIR
 
-ADAPTER_DIR = "adapter"
 STATE_FILE = "trainer_state.pt"
 
 
@@ -210,7 +210,10 @@ class PeftPolicyTrainer:
         """PEFT adapter in ``path/adapter`` (loads with ``PeftModel.from_pretrained``); optimizer,
         LR schedule, step count and torch RNG in ``path/trainer_state.pt``."""
         import torch
+        import torch.distributed as dist
 
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return  # every rank holds the same adapter and optimizer state
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(path / ADAPTER_DIR))
         state = {

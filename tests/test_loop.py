@@ -1,0 +1,288 @@
+"""The GRPO loop without Ray: packing, scheduling, metrics, colocation, the train.py entry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import tiny
+from trainer.arguments import parse_args
+from trainer.backends.base import Generation
+from trainer.backends.hf_rollout import HFRolloutEngine
+from trainer.backends.peft_trainer import create as create_trainer
+from trainer.data import eval_sets_from_args, rollout_source_from_args
+from trainer.loop import GRPOLoop, pack, rollout_metrics, schedule
+from trainer.metrics import METRICS_FILE, MetricsLogger, console_line, read_metrics, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class LocalTrainers:
+    """A one-rank `TrainerGroup` in this process."""
+
+    world_size = 1
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self.calls: list[str] = []
+
+    def forward(self, shards, *, with_adapter):
+        return [[self.trainer.forward(b, with_adapter=with_adapter) for b in shards[0]]]
+
+    def train_step(self, shards, loss_fn):
+        return [self.trainer.train_step(shards[0], loss_fn)]
+
+    def export_adapter(self):
+        return self.trainer.export_adapter()
+
+    def save(self, path):
+        self.trainer.save(path)
+
+    def load(self, path):
+        self.trainer.load(path)
+
+    def release_memory(self):
+        self.calls.append("trainer.release")
+
+    def resume_memory(self):
+        self.calls.append("trainer.resume")
+
+
+class LocalEngines:
+    def __init__(self, engine, calls: list[str]) -> None:
+        self.engine = engine
+        self.calls = calls
+
+    def generate(self, prompts, params):
+        self.calls.append("engine.generate")
+        return self.engine.generate(prompts, params)
+
+    def load_adapter(self, adapter):
+        self.calls.append(f"engine.load_adapter v{adapter.version}")
+        self.engine.load_adapter(adapter)
+
+    def release_memory(self):
+        self.calls.append("engine.release")
+
+    def resume_memory(self):
+        self.calls.append("engine.resume")
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    tiny.build(root / "model", root / "data", seed=0)
+    return root / "model", root / "data"
+
+
+def recipe_argv(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--hf-checkpoint", str(model), "--prompt-data", str(data / "train.jsonl"),
+        "--apply-chat-template", "--rollout-shuffle", "--rm-type", "tiny",
+        "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+        "--rollout-max-response-len", "4", "--global-batch-size", "8", "--micro-batch-size", "4",
+        "--lr", "1e-2", "--lora-rank", "4", "--lora-alpha", "8", "--device", "cpu",
+        "--output-dir", str(out), "--seed", "0", *extra,
+    ]  # fmt: skip
+
+
+def make_loop(argv: Sequence[str]) -> tuple[GRPOLoop, LocalTrainers]:
+    from transformers import AutoTokenizer
+
+    args = parse_args(argv)
+    tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+    source = rollout_source_from_args(args, tokenizer)
+    total = (args.num_rollout or 1) * 2
+    trainers = LocalTrainers(create_trainer(args, "cpu", total_steps=total))
+    engines = LocalEngines(HFRolloutEngine(args.hf_checkpoint), trainers.calls)
+    loop = GRPOLoop(
+        args,
+        trainers=trainers,
+        engines=engines,
+        tokenizer=tokenizer,
+        source=source,
+        eval_sets=eval_sets_from_args(args, tokenizer),
+        logger_factory=lambda start, steps: MetricsLogger(
+            Path(args.output_dir), total_steps=steps, start_step=start, args=args
+        ),
+    )
+    return loop, trainers
+
+
+def generation(prompt: Sequence[int], response: Sequence[int], truncated=False) -> Generation:
+    return Generation(
+        tuple(prompt), tuple(response), tuple(-0.1 * (i + 1) for i in range(len(response))),
+        truncated,
+    )  # fmt: skip
+
+
+def test_pack_aligns_response_tokens_with_the_shifted_sequence():
+    batch = pack([generation([5, 6, 7], [8, 9]), generation([5], [8, 9, 2])], [1.5, -1.0], 0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 8, 9, 2, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    # entry t predicts token t + 1: the response tokens of row 0 sit at 3 and 4 -> entries 2, 3
+    assert batch.loss_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0]]
+    assert batch.rollout_logprobs[0, 2:].tolist() == pytest.approx([-0.1, -0.2])
+    assert batch.rollout_logprobs[1, :3].tolist() == pytest.approx([-0.1, -0.2, -0.3])
+    assert batch.advantages.tolist() == [[0, 0, 1.5, 1.5], [-1, -1, -1, 0]]
+
+
+def test_schedule_splits_steps_ranks_and_micro_batches():
+    plan = schedule([3] * 8, global_batch=4, world_size=2, micro_batch=1)
+    assert plan == [[[[0], [1]], [[2], [3]]], [[[4], [5]], [[6], [7]]]]
+    balanced = schedule([9, 1, 8, 2], global_batch=4, world_size=2, micro_batch=2, balance=True)
+    tokens = [sum([9, 1, 8, 2][i] for mb in rank for i in mb) for rank in balanced[0]]
+    assert sorted(i for rank in balanced[0] for mb in rank for i in mb) == [0, 1, 2, 3]
+    assert tokens == [10, 10]
+
+
+def test_rollout_metrics():
+    gens = [generation([1], [2]), generation([1], [3, 4, 5], True)] * 2
+    metrics = rollout_metrics(gens, torch.tensor([1.0, 0.0, 1.0, 1.0]), group_size=2)
+    assert metrics["rollout/reward_mean"] == 0.75
+    assert metrics["rollout/response_len_mean"] == 2.0
+    assert metrics["rollout/truncated_ratio"] == 0.5
+    assert metrics["rollout/zero_std_group_ratio"] == 0.5
+
+
+def test_loop_runs_logs_and_takes_turns_on_the_devices(tiny_dirs, tmp_path, capsys):
+    model, data = tiny_dirs
+    argv = recipe_argv(
+        model, data, tmp_path, "--num-rollout", "2", "--colocate", "--eval-interval", "1",
+        "--eval-prompt-data", "tiny", str(data / "eval.jsonl"), "--use-wandb",
+        "--wandb-mode", "disabled",
+    )  # fmt: skip
+    loop, trainers = make_loop(argv)
+    adapter = loop.run()
+    assert adapter == tmp_path / "final" / "adapter"
+    assert (adapter / "adapter_model.safetensors").is_file()
+
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert [r["step"] for r in records] == [0, 1]
+    for record in records:
+        for key in (
+            "rollout/reward_mean", "rollout/reward_std", "rollout/response_len_mean",
+            "rollout/truncated_ratio", "train/kl", "train/pg_clipfrac", "train/entropy",
+            "train/train_rollout_logprob_abs_diff", "train/grad_norm", "train/lr",
+            "time/rollout", "time/train", "time/logprobs", "time/step", "eval/tiny",
+        ):  # fmt: skip
+            assert key in record, key
+        assert record["train/train_rollout_logprob_abs_diff"] < 1e-4
+    assert "step 2/2 | reward" in capsys.readouterr().out
+
+    # 2 optimizer steps per rollout (16 samples, global batch 8); each rollout phase first loads
+    # the newest adapter; the trainer gives the devices up around every rollout phase.
+    phase = ["trainer.release", "engine.resume"]
+    back = ["engine.release", "trainer.resume"]
+    assert trainers.calls == [
+        "engine.release",
+        *phase, "engine.generate", *back,
+        *phase, "engine.load_adapter v2", "engine.generate", *back,
+        *phase, "engine.generate", *back,
+        *phase, "engine.load_adapter v4", "engine.generate", *back,
+    ]  # fmt: skip
+
+
+def test_metrics_logger_drops_steps_a_resumed_run_repeats(tmp_path):
+    first = MetricsLogger(tmp_path, total_steps=4)
+    for step in range(3):
+        first.log(step, {"rollout/reward_mean": step / 10})
+    resumed = MetricsLogger(tmp_path, total_steps=4, start_step=2)
+    resumed.log(2, {"rollout/reward_mean": 0.5})
+    resumed.log(3, {"rollout/reward_mean": float("nan")})
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert records[2]["rollout/reward_mean"] == 0.5 and records[3]["rollout/reward_mean"] is None
+
+
+def test_console_line_and_summary():
+    line = console_line(4, 10, {"rollout/reward_mean": 0.25, "train/kl": 0.001, "eval/x": 0.5})
+    assert line == "step 5/10 | reward 0.250 | kl 1.00e-03 | eval/x 0.500"
+    records = [{"step": i, "rollout/reward_mean": r} for i, r in enumerate([0, 0.1, 0.1, 0.2] * 3)]
+    summary = summarize(records, elapsed_s=3.0, adapter=None)
+    assert summary["steps"] == 12
+    assert summary["reward_first5"] == pytest.approx(0.08)
+    assert summary["reward_last5"] == pytest.approx(0.12)
+
+
+def test_wandb_logs_offline_into_the_output_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    args = parse_args(
+        ["--hf-checkpoint", "m", "--prompt-data", "p.jsonl", "--use-wandb",
+         "--wandb-project", "tiny-test", "--output-dir", str(tmp_path)]
+    )  # fmt: skip
+    assert args.wandb_mode == "offline"
+    logger = MetricsLogger(tmp_path, total_steps=1, args=args)
+    logger.log(0, {"rollout/reward_mean": 0.5})
+    logger.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    assert runs[0].name.endswith((tmp_path / "wandb_run_id").read_text())
+
+
+def run_train_py(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "train.py", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--lora-rank", "0"], "--lora-rank must be > 0"),
+        (["--no-such-flag", "1"], "unrecognized argument --no-such-flag"),
+        (["--rollout-batch-size", "3", "--global-batch-size", "8"], "must be a multiple"),
+    ],
+)
+def test_bad_argv_is_one_line_and_exit_2(argv, message):
+    done = run_train_py("--hf-checkpoint", "m", "--prompt-data", "p.jsonl", *argv)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("train.py: error: ")
+    assert message in done.stderr and done.stdout == ""
+
+
+def test_bad_inputs_stop_before_ray_starts(tiny_dirs, tmp_path):
+    model, data = tiny_dirs
+    ray_tmp = tmp_path / "ray"
+    ray_tmp.mkdir()
+    env = {"RAY_TMPDIR": str(ray_tmp)}
+    missing = run_train_py("--hf-checkpoint", str(model), "--prompt-data", "nope.jsonl", env=env)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [
+        "train.py: error: prompt data not found: nope.jsonl"
+    ]
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest").write_text("7\n")
+    broken = run_train_py(
+        *recipe_argv(model, data, tmp_path, "--load", str(tmp_path / "ckpt")), env=env
+    )
+    assert broken.returncode == 2
+    assert "names iteration 7, which is incomplete" in broken.stderr.strip().splitlines()[-1]
+    assert list(ray_tmp.iterdir()) == []
+
+
+def test_validate_only_prints_the_config_and_imports_nothing_heavy(tmp_path):
+    code = (
+        "import sys; from trainer.main import main; "
+        "rc = main(['--hf-checkpoint', 'm', '--prompt-data', 'p.jsonl', '--validate-only']); "
+        "heavy = [m for m in ('torch', 'ray', 'transformers', 'peft') if m in sys.modules]; "
+        "print('HEAVY', heavy, rc)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    config_text, _, tail = done.stdout.rpartition("HEAVY")
+    assert tail.strip() == "[] 0"
+    assert json.loads(config_text)["hf_checkpoint"] == "m"

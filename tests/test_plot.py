@@ -1,0 +1,42 @@
+"""`python -m trainer.plot`: a run's curves from its metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+from trainer import plot
+
+
+def write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_plot_renders_a_png(tmp_path, capsys):
+    records = [
+        {"step": i, "rollout/reward_mean": i / 10, "rollout/reward_std": 0.1, "train/kl": i / 100}
+        for i in range(6)
+    ]
+    records[-1]["eval/tiny"] = 0.5
+    write(tmp_path / "metrics.jsonl", records)
+    out = tmp_path / "plots" / "curves.png"
+    assert plot.main([str(tmp_path / "metrics.jsonl"), "-o", str(out)]) == 0
+    assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert capsys.readouterr().out == f"6 steps -> {out}\n"
+
+
+def test_series_picks_keys_and_prefixes():
+    records = [{"step": 0, "eval/a": 1.0, "x": 2.0}, {"step": 1, "eval/b": 3.0, "x": None}]
+    assert plot.series(records, "eval/*") == {"eval/a": ([1], [1.0]), "eval/b": ([2], [3.0])}
+    assert plot.series(records, "x") == {"x": ([1], [2.0])}
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    assert plot.main([str(tmp_path / "missing.jsonl")]) == 2
+    write(tmp_path / "bad.jsonl", [{"no_step": 1}])
+    assert plot.main([str(tmp_path / "bad.jsonl")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    prefix = "python -m trainer.plot: error:"
+    assert err == [
+        f"{prefix} {tmp_path / 'missing.jsonl'}: no such file",
+        f"{prefix} {tmp_path / 'bad.jsonl'}:1: not a metrics record (no 'step')",
+    ]

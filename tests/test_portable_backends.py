@@ -1,0 +1,238 @@
+"""Portable backends on the tiny model: PEFT LoRA trainer and transformers rollout engine."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import tiny
+from trainer.backends.base import PolicyTrainer, RolloutEngine, SamplingParams
+from trainer.backends.hf_rollout import HFRolloutEngine
+from trainer.backends.peft_trainer import LoraSettings, OptimizerSettings, PeftPolicyTrainer
+from trainer.grpo import GRPOConfig, Normalizer
+from trainer.loop import GRPOLoss, pack
+
+PROMPTS = [[1, 4, 7, 8, 2, 1, 6], [1, 4, 7, 12, 2, 1, 6], [1, 4, 7, 15, 2, 1, 6]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("tiny")
+    tiny.build(root / "model", root / "data", seed=3)
+    return str(root / "model")
+
+
+def make_trainer(model_dir: str, **lora: object) -> PeftPolicyTrainer:
+    settings = LoraSettings(**{"rank": 4, "alpha": 8.0, **lora})
+    return PeftPolicyTrainer(model_dir, settings, OptimizerSettings(lr=5e-2, total_iters=10))
+
+
+def batch_of(engine: HFRolloutEngine, advantages: list[float], seed: int = 0):
+    generations = engine.generate(PROMPTS, SamplingParams(max_new_tokens=5, seed=seed))
+    return generations, pack(generations, advantages, pad_id=0)
+
+
+def loss_for(batch, trainer: PeftPolicyTrainer):
+    batch.old_logprobs = trainer.forward(batch, with_adapter=True).logprobs
+    batch.ref_logprobs = trainer.forward(batch, with_adapter=False).logprobs
+    return GRPOLoss(GRPOConfig(), Normalizer.from_masks([batch.loss_mask]))
+
+
+def test_backends_implement_the_interfaces(model_dir):
+    assert isinstance(make_trainer(model_dir), PolicyTrainer)
+    assert isinstance(HFRolloutEngine(model_dir), RolloutEngine)
+
+
+def test_generation_logprobs_truncation_and_eos(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    generations = engine.generate(PROMPTS * 8, SamplingParams(max_new_tokens=3, seed=1))
+    assert len(generations) == 24
+    eos = engine.eos_ids
+    for g in generations:
+        assert 1 <= len(g.response_ids) <= 3
+        assert len(g.response_logprobs) == len(g.response_ids)
+        assert all(lp <= 0 and math.isfinite(lp) for lp in g.response_logprobs)
+        ended = g.response_ids[-1] in eos
+        assert g.truncated == (not ended)
+        assert not any(t in eos for t in g.response_ids[:-1])
+    assert any(g.truncated for g in generations)
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    params = SamplingParams(max_new_tokens=4, seed=5)
+    assert engine.generate(PROMPTS, params) == engine.generate(PROMPTS, params)
+    greedy = engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, temperature=0.0))
+    top1 = engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, top_k=1, seed=9))
+    assert [g.response_ids for g in greedy] == [g.response_ids for g in top1]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollout_logprobs_match_the_trainers(model_dir, temperature):
+    """The engine's log-probabilities (left-padded, KV cache) equal the trainer's (right-padded),
+    both as log_softmax(logits / temperature) of the sampled token."""
+    engine = HFRolloutEngine(model_dir)
+    trainer = make_trainer(model_dir)
+    trainer.temperature = temperature
+    generations = engine.generate(
+        PROMPTS, SamplingParams(max_new_tokens=5, temperature=temperature, top_p=0.9, seed=2)
+    )
+    batch = pack(generations, [0.0] * 3, pad_id=0)
+    logprobs = trainer.forward(batch, with_adapter=True).logprobs
+    diff = ((logprobs - batch.rollout_logprobs).abs() * batch.loss_mask).max()
+    assert float(diff) < 1e-4
+
+
+def test_reference_is_the_base_model_and_training_moves_only_the_policy(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    engine = HFRolloutEngine(model_dir)
+    trainer = make_trainer(model_dir)
+    _, batch = batch_of(engine, [1.0, -1.0, 0.5])
+    before = trainer.forward(batch, with_adapter=True).logprobs
+    assert torch.equal(before, trainer.forward(batch, with_adapter=False).logprobs)
+
+    result = trainer.train_step([batch], loss_for(batch, trainer))
+    assert result.grad_norm > 0 and result.metrics["lr"] == pytest.approx(5e-2)
+    assert {"pg_loss", "pg_clipfrac", "kl", "entropy"} <= result.metrics.keys()
+    after = trainer.forward(batch, with_adapter=True).logprobs
+    reference = trainer.forward(batch, with_adapter=False).logprobs
+    assert not torch.allclose(after, before)
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        logits = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    expected = logits[:, :-1].log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+    mask = batch.attention_mask[:, 1:].bool()
+    assert torch.allclose(reference[mask], expected[mask], atol=1e-5)
+
+
+def test_micro_batches_accumulate_to_the_full_batch_gradient(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    generations = engine.generate(PROMPTS * 2, SamplingParams(max_new_tokens=5, seed=4))
+    advantages = [1.0, -1.0, 0.5, -0.5, 2.0, -2.0]
+    whole = pack(generations, advantages, pad_id=0)
+    halves = [pack(generations[:3], advantages[:3], 0), pack(generations[3:], advantages[3:], 0)]
+    one, two = make_trainer(model_dir), make_trainer(model_dir)
+    loss = loss_for(whole, one)
+    for half in halves:
+        loss_for(half, two)
+    split_loss = GRPOLoss(GRPOConfig(), Normalizer.from_masks(h.loss_mask for h in halves))
+    a = one.train_step([whole], loss)
+    b = two.train_step(halves, split_loss)
+    assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
+    for key in ("pg_loss", "kl", "entropy"):
+        assert a.metrics[key] == pytest.approx(b.metrics[key], rel=1e-4, abs=1e-7)
+    for p, q in zip(one.params, two.params, strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_adapter_reaches_the_engine_in_memory(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    trainer = make_trainer(model_dir)
+    _, batch = batch_of(engine, [1.0, -1.0, 0.5])
+    for _ in range(2):
+        trainer.train_step([batch], loss_for(batch, trainer))
+    adapter = trainer.export_adapter()
+    assert adapter.version == 2
+    assert all(".lora_A." in k or ".lora_B." in k for k in adapter.tensors)
+    engine.load_adapter(adapter)
+    assert engine.adapter_version == 2
+    generations, fresh = batch_of(engine, [0.0] * 3, seed=11)
+    diff = (trainer.forward(fresh, with_adapter=True).logprobs - fresh.rollout_logprobs).abs()
+    assert float((diff * fresh.loss_mask).max()) < 1e-4
+    engine.load_adapter(trainer.export_adapter())  # a second load replaces, never stacks
+    assert engine.generate(PROMPTS, SamplingParams(max_new_tokens=5, seed=11)) == generations
+
+
+def test_target_and_excluded_modules(model_dir):
+    def wrapped(trainer: PeftPolicyTrainer) -> set[str]:
+        return {n.split(".")[-1] for n, m in trainer.model.named_modules() if hasattr(m, "lora_A")}
+
+    every = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert wrapped(make_trainer(model_dir)) == every
+    assert wrapped(make_trainer(model_dir, target_modules=("q_proj", "v_proj"))) == {
+        "q_proj",
+        "v_proj",
+    }
+    assert wrapped(make_trainer(model_dir, exclude_modules=("down_proj",))) == every - {"down_proj"}
+
+
+def test_save_writes_a_peft_adapter_and_load_restores_optimizer_state(model_dir, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    engine = HFRolloutEngine(model_dir)
+    trainer = make_trainer(model_dir)
+    _, batch = batch_of(engine, [1.0, -1.0, 0.5])
+    trainer.train_step([batch], loss_for(batch, trainer))
+    trainer.save(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "adapter" / "adapter_config.json").is_file()
+
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(model_dir), tmp_path / "ckpt" / "adapter"
+    )
+    with torch.no_grad():
+        logits = peft_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    expected = logits[:, :-1].log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+    mask = batch.attention_mask[:, 1:].bool()
+    ours = trainer.forward(batch, with_adapter=True).logprobs
+    assert torch.allclose(ours[mask], expected[mask], atol=1e-5)
+
+    restored = make_trainer(model_dir)
+    restored.load(tmp_path / "ckpt")
+    assert restored.steps == 1
+    for t in (trainer, restored):
+        t.train_step([batch], loss_for(batch, t))
+    for p, q in zip(trainer.params, restored.params, strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+    assert restored.scheduler.get_last_lr() == trainer.scheduler.get_last_lr()
+
+
+@pytest.mark.parametrize(
+    ("style", "warmup", "factors"),
+    [
+        ("constant", 2, [0.5, 1.0, 1.0, 1.0, 1.0]),
+        ("linear", 0, [1.0, 0.8, 0.6, 0.4, 0.2]),
+        ("cosine", 1, [1.0, 1.0, 0.5 + 0.5 * math.cos(math.pi / 4), 0.5, None]),
+    ],
+)
+def test_lr_schedule(style, warmup, factors):
+    settings = OptimizerSettings(lr=1.0, total_iters=5, decay_style=style, warmup_iters=warmup)
+    for step, expected in enumerate(factors):
+        if expected is not None:
+            assert settings.lr_factor(step) == pytest.approx(expected)
+    floor = OptimizerSettings(lr=1.0, min_lr=0.1, total_iters=4, decay_style="cosine")
+    assert floor.lr_factor(4) == pytest.approx(0.1)
+
+
+def test_memory_release_and_resume_keep_the_model_usable_on_cpu(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    trainer = make_trainer(model_dir)
+    engine.release_memory()
+    trainer.release_memory()
+    engine.resume_memory()
+    trainer.resume_memory()
+    _, batch = batch_of(engine, [1.0, 0.0, -1.0])
+    assert trainer.forward(batch, with_adapter=True).logprobs.shape == batch.loss_mask.shape
+
+
+def test_factories_build_backends_from_argv(model_dir, tmp_path: Path):
+    from trainer.arguments import parse_args
+    from trainer.backends import registry
+
+    args = parse_args(
+        ["--hf-checkpoint", model_dir, "--prompt-data", "p.jsonl", "--lora-rank", "2",
+         "--target-modules", "q_proj,o_proj", "--lora-dropout", "0.1", "--lr", "3e-4"]
+    )  # fmt: skip
+    trainer = registry.create_trainer(args, "cpu", total_steps=3)
+    assert isinstance(trainer, PeftPolicyTrainer)
+    config = trainer.model.peft_config["default"]
+    assert config.r == 2 and set(config.target_modules) == {"q_proj", "o_proj"}
+    assert config.lora_dropout == 0.1
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(3e-4)
+    assert next(trainer.model.parameters()).dtype == torch.float32
+    assert isinstance(registry.create_rollout(args, "cpu"), HFRolloutEngine)

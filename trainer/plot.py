@@ -1,0 +1,121 @@
+"""Render a run's main curves from its metrics.jsonl to a PNG.
+
+`python -m trainer.plot <output-dir>/metrics.jsonl -o curves.png`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# (title, metric keys drawn in that panel)
+PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("reward", ("rollout/reward_mean",)),
+    ("eval score", ("eval/*",)),
+    ("KL to reference", ("train/kl",)),
+    ("response length", ("rollout/response_len_mean",)),
+    ("truncation ratio", ("rollout/truncated_ratio",)),
+    ("entropy", ("train/entropy",)),
+    ("clip fraction", ("train/pg_clipfrac",)),
+    ("|train - rollout| log-prob", ("train/train_rollout_logprob_abs_diff",)),
+    ("grad norm", ("train/grad_norm",)),
+    ("time per step (s)", ("time/step",)),
+)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: invalid JSON ({err.msg})") from None
+            if not isinstance(record, dict) or "step" not in record:
+                raise ValueError(f"{path}:{number}: not a metrics record (no 'step')")
+            records.append(record)
+    if not records:
+        raise ValueError(f"{path}: no metrics records")
+    return records
+
+
+def series(records: Sequence[Mapping[str, Any]], pattern: str) -> dict[str, tuple[list, list]]:
+    """key -> (steps, values) for the keys matching `pattern` (a trailing ``*`` is a prefix)."""
+    keys = sorted(
+        {
+            k
+            for r in records
+            for k in r
+            if (k.startswith(pattern[:-1]) if pattern.endswith("*") else k == pattern)
+        }
+    )
+    out = {}
+    for key in keys:
+        points = [(r["step"] + 1, r[key]) for r in records if r.get(key) is not None]
+        out[key] = ([s for s, _ in points], [v for _, v in points])
+    return out
+
+
+def render(records: Sequence[Mapping[str, Any]], output: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = 2
+    rows = (len(PANELS) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(11, 2.6 * rows), squeeze=False)
+    for ax, (title, patterns) in zip(axes.flat, PANELS, strict=False):
+        drawn = False
+        for pattern in patterns:
+            for key, (steps, values) in series(records, pattern).items():
+                ax.plot(steps, values, marker="." if len(steps) < 50 else None, label=key)
+                drawn = True
+        if title == "reward" and drawn:
+            std = series(records, "rollout/reward_std").get("rollout/reward_std")
+            mean = series(records, "rollout/reward_mean")["rollout/reward_mean"]
+            if std and len(std[1]) == len(mean[1]):
+                low = [m - s for m, s in zip(mean[1], std[1], strict=True)]
+                high = [m + s for m, s in zip(mean[1], std[1], strict=True)]
+                ax.fill_between(mean[0], low, high, alpha=0.2)
+        ax.set_title(title)
+        ax.set_xlabel("rollout")
+        if not drawn:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+        elif title == "eval score":
+            ax.legend(fontsize="small")
+    for ax in list(axes.flat)[len(PANELS) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.plot", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
+    parser.add_argument("metrics", type=Path, help="a run's metrics.jsonl")
+    parser.add_argument("-o", "--output", type=Path, default=Path("curves.png"))
+    args = parser.parse_args(argv)
+    try:
+        if not args.metrics.is_file():
+            raise ValueError(f"{args.metrics}: no such file")
+        records = read_records(args.metrics)
+    except ValueError as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+    render(records, args.output)
+    print(f"{len(records)} steps -> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
