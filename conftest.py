@@ -1,4 +1,4 @@
-"""Root pytest configuration: manual GPU markers skip with a reason on hardware that does not match."""
+"""Root pytest configuration: manual GPU markers skip with a reason on other hardware."""
 
 from __future__ import annotations
 

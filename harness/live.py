@@ -141,7 +141,20 @@ def _run(command: Command, env: Mapping[str, str]) -> None:
 def _(step: RayJobSubmit, env: Mapping[str, str]) -> None:
     from ray.job_submission import JobSubmissionClient
 
+    _follow_ray_token_auth()
     run_job(step, JobSubmissionClient(step.address))
+
+
+def _follow_ray_token_auth() -> None:
+    """Authenticate like `ray start` does: with RAY_AUTH_MODE unset, a token in ~/.ray turns
+    token auth on for the cluster, so the submitting client must send it too."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token authentication
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def run_job(step: RayJobSubmit, client: Any) -> None:

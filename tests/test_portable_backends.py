@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -68,6 +69,21 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(model_dir):
     greedy = engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, temperature=0.0))
     top1 = engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, top_k=1, seed=9))
     assert [g.response_ids for g in greedy] == [g.response_ids for g in top1]
+
+
+def test_sampling_ignores_the_checkpoints_generation_defaults(model_dir, tmp_path):
+    """A checkpoint's generation_config.json (top_k, repetition penalty, ...) must not change
+    what the engine samples: only `SamplingParams` does (unset top_k would mean 50)."""
+    import shutil
+
+    shutil.copytree(model_dir, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "generation_config.json").read_text())
+    config.update(top_k=1, temperature=0.1, repetition_penalty=5.0, do_sample=False)
+    (tmp_path / "m" / "generation_config.json").write_text(json.dumps(config))
+    params = SamplingParams(max_new_tokens=4, seed=3)
+    plain = HFRolloutEngine(model_dir).generate(PROMPTS * 4, params)
+    assert HFRolloutEngine(str(tmp_path / "m")).generate(PROMPTS * 4, params) == plain
+    assert len({g.response_ids for g in plain}) > 1
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -1,9 +1,11 @@
 """Portable rollout engine: transformers generation with per-token log-probabilities.
 
-The log-probability of each sampled token is computed from the model's raw logits divided by
-the sampling temperature (``log_softmax(logits / T)``), before top-p/top-k truncation: the
-same definition the policy trainer uses, so `train_rollout_logprob_abs_diff` measures only
-numerical drift between the two engines, never a difference of definitions.
+The log-probability of each sampled token is taken during generation (no second forward pass)
+from the model's raw logits divided by the sampling temperature, ``log_softmax(logits / T)``,
+before top-p/top-k truncation: the definition the policy trainer uses, so
+`train_rollout_logprob_abs_diff` measures the numerical drift between generation (KV cache,
+left padding) and training, never a difference of definitions. Only one step of logits is kept
+at a time. Sampling uses exactly the given parameters, never the model's generation defaults.
 """
 
 from __future__ import annotations
@@ -16,12 +18,38 @@ from trainer.backends.base import Generation, LoraAdapter, SamplingParams
 from trainer.backends.devices import empty_cache, torch_dtype
 
 
+class _SampledLogprobs:
+    """A logits processor (placed before the sampling warpers, so it sees raw logits) that
+    keeps ``log_softmax(logits / T)`` of the current step and, one step later, gathers the
+    log-probability of the token that was sampled from it."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.previous: Any = None
+        self.steps: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.previous = (scores.float() / self.temperature).log_softmax(-1)
+        return scores
+
+    def finish(self, new_tokens: Any) -> Any:
+        """[rows, new tokens] log-probabilities, given the generated tokens."""
+        import torch
+
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(-1, new_tokens[:, -1:]).squeeze(-1))
+            self.previous = None
+        return torch.stack(self.steps, dim=1)
+
+
 class HFRolloutEngine:
     """A transformers causal LM that samples responses; LoRA adapters arrive in memory."""
 
     def __init__(self, model_path: str, *, device: str = "cpu", dtype: str = "fp32") -> None:
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, GenerationConfig
 
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
@@ -31,12 +59,18 @@ class HFRolloutEngine:
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos])
         pad = generation.pad_token_id
         self.pad_id: int = pad if pad is not None else min(self.eos_ids, default=0)
+        # generate() fills unset fields from the model's generation config (a checkpoint's
+        # top_k, repetition_penalty, ...): keep only what ends a sequence.
+        self.model.generation_config = GenerationConfig(
+            eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id
+        )
         self.adapter_version: int | None = None
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
         import torch
+        from transformers import GenerationConfig, LogitsProcessorList
 
         if not prompts:
             return []
@@ -49,31 +83,26 @@ class HFRolloutEngine:
         if params.seed is not None:
             torch.manual_seed(params.seed)
         greedy = params.temperature <= 0
-        sampling: dict[str, Any] = (
-            {"do_sample": False}
-            if greedy
-            else {
-                "do_sample": True,
-                "temperature": params.temperature,
-                "top_p": params.top_p,
-                "top_k": params.top_k if params.top_k > 0 else None,
-            }
+        recorder = _SampledLogprobs(1.0 if greedy else params.temperature)
+        config = GenerationConfig(
+            do_sample=not greedy,
+            temperature=None if greedy else params.temperature,
+            top_p=None if greedy else params.top_p,
+            top_k=None if greedy else max(params.top_k, 0),  # 0: off (unset means 50)
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=sorted(self.eos_ids),
+            pad_token_id=self.pad_id,
         )
         with torch.no_grad():
-            out = self.model.generate(
+            sequences = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
-                max_new_tokens=params.max_new_tokens,
-                eos_token_id=sorted(self.eos_ids),
-                pad_token_id=self.pad_id,
-                output_logits=True,
-                return_dict_in_generate=True,
-                **sampling,
+                generation_config=config,
+                logits_processor=LogitsProcessorList([recorder]),
             )
-        new_tokens = out.sequences[:, width:].cpu()
-        scale = 1.0 if greedy else params.temperature
-        logits = torch.stack(out.logits, dim=1).float().cpu() / scale
-        logprobs = logits.log_softmax(-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        new_tokens = sequences[:, width:]
+        logprobs = recorder.finish(new_tokens).cpu()
+        new_tokens = new_tokens.cpu()
         return [
             self._generation(prompt, new_tokens[row].tolist(), logprobs[row].tolist(), params)
             for row, prompt in enumerate(prompts)
