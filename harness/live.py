@@ -64,8 +64,7 @@ def execute_plan(plan: Plan, run: StepRunner | None = None) -> int:
     env = live_env(plan.host.env)
     total = len(plan.steps)
     for index, step in enumerate(plan.steps, 1):
-        first_line = step.render().splitlines()[0].removesuffix(" \\")
-        _progress(f"step {index}/{total}: {first_line}")
+        _progress(f"step {index}/{total}: {_one_line(step.render())}")
         try:
             run(step, env)
         except StepFailed as failure:
@@ -85,6 +84,12 @@ def _stop_ray(steps: tuple[Step, ...], run: StepRunner, env: Mapping[str, str]) 
                 run(step, env)
             except StepFailed as failure:
                 _progress(f"error: {failure}")
+
+
+def _one_line(command: str, width: int = 120) -> str:
+    """A rendered step as one line (continuations joined), shortened to `width`."""
+    text = " ".join(line.strip().removesuffix("\\").strip() for line in command.splitlines())
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _progress(message: str) -> None:

@@ -34,15 +34,17 @@ EVIDENCE: Mapping[str, str] = {
     "launchers.amd.run_qwen3_4b_lora": (
         "upstream run of this recipe (seed PR #3183): 100 steps on 8x MI355X, ROCm 7.2, "
         "rollout/train log-prob abs diff 0.0123 (threshold 0.03), AIME-2024 avg@16 "
-        "0.5625 -> 0.6833 at best (30 problems: weak); here: snapshots, argv contract, "
-        "`rocm_gpu` live test"
+        "0.5625 -> 0.6833 at best (30 problems: weak); here: snapshots, argv contract; the "
+        "`rocm_gpu` live tests exist but have not run on MI355X yet"
     ),
     "launchers.run_qwen3_4b_lora": (
         "snapshots and argv contract only: the AMD recipe with CUDA's SGLang backends, not yet "
         "run on NVIDIA GPUs"
     ),
     "launchers.cpu.run_tiny_qwen3_lora": (
-        "snapshots and argv contract; the end-to-end CPU job is not in the test suite yet"
+        "snapshots, argv contract; the default test suite runs the job live on 2 CPU cores "
+        "(reward first-5 0.116 -> last-5 0.491, seed 0); the same recipe on 1x H200 in bf16 "
+        "(`cuda_gpu` test): 0.128 -> 0.562, 0.36 s/step"
     ),
 }
 
