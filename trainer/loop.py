@@ -6,9 +6,9 @@ over ``--global-batch-size`` samples, split over the data-parallel ranks and int
 -> export the adapter, which reaches the rollout engines in memory before they generate again
 -> eval every ``--eval-interval`` -> checkpoint every ``--save-interval`` and at the end.
 
-The loop drives a `TrainerGroup` (data-parallel ranks) and an `EngineGroup` (rollout engines);
-`trainer.placement` provides them as Ray actors. With ``--colocate`` the two take turns on the
-devices through `trainer.backends.colocate.Colocation`.
+The loop drives a `TrainerGroup` (data-parallel ranks) and the rollout engines behind one
+`RolloutEngine`; `trainer.placement` provides them as Ray actors. With ``--colocate`` the two
+take turns on the devices through `trainer.backends.colocate.Colocation`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from trainer.backends.base import (
     Generation,
     LoraAdapter,
     LossFn,
+    RolloutEngine,
     SamplingParams,
     StepResult,
     TrainBatch,
@@ -57,18 +58,6 @@ class TrainerGroup(Protocol):
     def save(self, path: Path) -> None: ...
 
     def load(self, path: Path) -> None: ...
-
-    def release_memory(self) -> None: ...
-
-    def resume_memory(self) -> None: ...
-
-
-class EngineGroup(Protocol):
-    def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
-    ) -> list[Generation]: ...
-
-    def load_adapter(self, adapter: LoraAdapter) -> None: ...
 
     def release_memory(self) -> None: ...
 
@@ -195,7 +184,7 @@ class GRPOLoop:
         args: argparse.Namespace,
         *,
         trainers: TrainerGroup,
-        engines: EngineGroup,
+        engines: RolloutEngine,
         tokenizer: Tokenizer,
         source: RolloutDataSource,
         eval_sets: Mapping[str, Sequence[Sample]],

@@ -278,7 +278,7 @@ class RayTrainerGroup:
 
 
 class RayEngineGroup:
-    """The `EngineGroup` of `trainer.loop`: prompts split evenly over `RolloutWorker` actors."""
+    """All rollout engines as one `RolloutEngine`: prompts split evenly over `RolloutWorker`s."""
 
     def __init__(self, workers: Sequence[Any]) -> None:
         self.workers = list(workers)
