@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train_e2e import PrivateRay
 from trainer import checkpoint, tiny
 from trainer.metrics import METRICS_FILE, read_metrics
 
@@ -26,15 +25,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 ROOT = Path(__file__).resolve().parents[1]
 ROLLOUTS = 12
 SAVE_INTERVAL = 3
-
-
-@pytest.fixture
-def private_ray():
-    cluster = PrivateRay()
-    try:
-        yield cluster
-    finally:
-        cluster.cleanup()
 
 
 def command(tmp_path: Path) -> list[str]:
