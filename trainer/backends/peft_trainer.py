@@ -139,16 +139,18 @@ class PeftPolicyTrainer:
     def _forward(self, batch: TrainBatch, with_entropy: bool) -> ForwardOutput:
         import torch
 
+        from trainer.grpo import entropy_from_logits
+
         input_ids = batch.input_ids.to(self.device)
         logits = self.model(
             input_ids=input_ids, attention_mask=batch.attention_mask.to(self.device)
         ).logits[:, :-1]
-        logp = (logits.float() / self.temperature).log_softmax(-1)
-        logprobs = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        scaled = logits.float() / self.temperature
+        logprobs = scaled.log_softmax(-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
         entropy = None
         if with_entropy:
             with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):
-                entropy = -(logp.exp() * logp).sum(-1)
+                entropy = entropy_from_logits(scaled)
         return ForwardOutput(logprobs=logprobs, entropy=entropy)
 
     def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> StepResult:
