@@ -84,7 +84,7 @@ def test_undeclared_sglang_flags_are_collected() -> None:
             "sglang",
             "--sglang-max-running-requests=64",
             "--sglang-enable-metrics",
-            "--sglang-cuda-graph-bs",
+            "--sglang-cuda-graph-bs-decode",
             "1",
             "2",
             "4",
@@ -97,7 +97,7 @@ def test_undeclared_sglang_flags_are_collected() -> None:
     assert args.sglang_extra == {
         "max-running-requests": "64",
         "enable-metrics": "true",
-        "cuda-graph-bs": "1 2 4",
+        "cuda-graph-bs-decode": "1 2 4",
         "log-level": "warning",
     }
     assert args.lr == 1e-4

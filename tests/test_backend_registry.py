@@ -35,10 +35,9 @@ def test_backend_modules_expose_the_factory_without_importing_heavy_packages(spe
     factory = importlib.import_module(module).create
     params = list(inspect.signature(factory).parameters.values())
     assert [p.name for p in params[:2]] == ["args", "device"]
-    if spec in registry.TRAIN_BACKENDS.values():
-        assert params[2].name == "total_steps" and params[2].kind is inspect.Parameter.KEYWORD_ONLY
-    else:
-        assert len(params) == 2
+    keyword = "total_steps" if spec in registry.TRAIN_BACKENDS.values() else "engine_index"
+    assert [p.name for p in params[2:]] == [keyword]
+    assert params[2].kind is inspect.Parameter.KEYWORD_ONLY
     assert not any(m == "sglang" or m.startswith(("sglang.", "megatron")) for m in sys.modules)
 
 
@@ -70,7 +69,12 @@ def test_any_trainer_pairs_with_any_engine(monkeypatch, train: str, rollout: str
     args = argparse.Namespace(train_backend=train, rollout_backend=rollout)
     registry.create_trainer(args, "cuda:3", total_steps=7)
     registry.create_rollout(args, "cuda:3")
-    assert calls == [((args, "cuda:3"), {"total_steps": 7}), ((args, "cuda:3"), {})]
+    registry.create_rollout(args, "cuda:3", engine_index=2)
+    assert calls == [
+        ((args, "cuda:3"), {"total_steps": 7}),
+        ((args, "cuda:3"), {"engine_index": 0}),
+        ((args, "cuda:3"), {"engine_index": 2}),
+    ]
 
 
 @pytest.mark.parametrize(("device", "index"), [("cuda", 0), ("cuda:5", 5), ("cpu", 0)])

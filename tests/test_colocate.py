@@ -53,6 +53,29 @@ def test_two_steps_alternate_the_gpus_between_engine_and_trainer() -> None:
     assert colo.calls == log
 
 
+@pytest.mark.parametrize("colocate", [True, False])
+def test_engines_start_and_release_before_the_trainers_are_built(colocate: bool) -> None:
+    """SGLang sizes its KV cache from the memory free after its weights load: a trainer
+    building its model on the same GPU meanwhile makes it fail, so engines come first."""
+    log: list[str] = []
+
+    def start_engines() -> Holder:
+        log.append("engines built")
+        return Holder("engine", log)
+
+    def start_trainers() -> Holder:
+        log.append("trainers built")
+        return Holder("trainer", log)
+
+    colo = Colocation.start_engines_first(start_engines, start_trainers, colocate=colocate)
+    released = ["engine.release_memory"] if colocate else []
+    assert log == ["engines built", *released, "trainers built"]
+    assert colo.phase is Phase.TRAIN and colo.calls == released
+    with colo.rollout():
+        assert colo.engine.resident
+    assert colo.trainer.resident
+
+
 def test_without_colocate_phases_are_tracked_but_nothing_is_released() -> None:
     colo, _, _, log = _colocation(colocate=False)
     colo.start()

@@ -83,13 +83,31 @@ def test_malformed_outputs_are_rejected(mutate, message: str) -> None:
 
 
 def test_sampling_params_use_sglang_field_names() -> None:
-    assert sampling_params(SamplingParams(max_new_tokens=8, temperature=0.7, top_k=20)) == {
-        "max_new_tokens": 8,
-        "temperature": 0.7,
-        "top_p": 1.0,
-        "top_k": 20,
-    }
-    assert sampling_params(SamplingParams(max_new_tokens=1, seed=3))["sampling_seed"] == 3
+    params = SamplingParams(max_new_tokens=8, temperature=0.7, top_k=20)
+    assert (
+        sampling_params(params, 2)
+        == [{"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0, "top_k": 20}] * 2
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 3, 2**40])
+def test_every_request_gets_its_own_seed(seed: int) -> None:
+    """Under deterministic sampling one seed per call gives the n samples of a prompt the same
+    tokens (zero advantage); each request needs its own."""
+    prompts_times_n = 16
+    seeds = [p["sampling_seed"] for p in sampling_params(SamplingParams(1, seed=seed), 16)]
+    assert len(set(seeds)) == prompts_times_n
+
+
+def test_request_seeds_stay_distinct_across_engines_and_calls() -> None:
+    """A batch split over engines (first_request) and consecutive rollouts (seed) never
+    reuse a request seed."""
+    seen = []
+    for seed in (7, 8):  # two rollouts
+        for first in (0, 5):  # two engines, 5 requests each
+            params = SamplingParams(1, seed=seed, first_request=first)
+            seen += [p["sampling_seed"] for p in sampling_params(params, 5)]
+    assert len(set(seen)) == len(seen) == 20
 
 
 def test_heavy_packages_not_imported() -> None:

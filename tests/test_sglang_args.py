@@ -6,13 +6,15 @@ import dataclasses
 import importlib.util
 import sys
 import types
+import typing
 from typing import Literal, Optional
 
 import pytest
 
 from trainer.arguments import UsageError, parse_args
-from trainer.backends import sglang_args
+from trainer.backends import sglang_args, sglang_fields_table
 from trainer.backends.sglang_args import FieldType, SGLangArgError, parse_annotation
+from trainer.backends.sglang_server_fields import SGLANG_VERSION
 
 FIELDS, SOURCE = sglang_args.static_fields()
 
@@ -51,6 +53,7 @@ def test_amd_launcher_argv_builds_the_expected_server_args() -> None:
         "attention_backend": "triton",
         "enable_memory_saver": True,
         "enable_weights_cpu_backup": True,
+        "max_loras_per_batch": 2,
     }  # fmt: skip
 
 
@@ -58,7 +61,7 @@ def test_extra_flags_map_onto_server_args_fields_with_their_types() -> None:
     kwargs = _build(
         "--sglang-disable-cuda-graph",
         "--sglang-max-running-requests", "64",
-        "--sglang-cuda-graph-bs", "1", "2", "4",
+        "--sglang-cuda-graph-bs-decode", "1", "2", "4",
         "--sglang-context-length=none",
         "--sglang-schedule-conservativeness", "0.5",
         "--sglang-deepep-mode", "low_latency",
@@ -66,7 +69,7 @@ def test_extra_flags_map_onto_server_args_fields_with_their_types() -> None:
     )  # fmt: skip
     assert kwargs["disable_cuda_graph"] is True
     assert kwargs["max_running_requests"] == 64
-    assert kwargs["cuda_graph_bs"] == [1, 2, 4]
+    assert kwargs["cuda_graph_bs_decode"] == [1, 2, 4]
     assert kwargs["context_length"] is None
     assert kwargs["schedule_conservativeness"] == 0.5
     assert kwargs["deepep_mode"] == "low_latency"
@@ -80,7 +83,7 @@ def test_unknown_flag_is_rejected_with_close_names() -> None:
     message = str(err.value)
     assert message.startswith("--sglang-max-runing-requests: unknown SGLang server argument")
     assert "did you mean --sglang-max-running-requests" in message
-    assert "SGLang 0.5.9 table" in message
+    assert f"SGLang {SGLANG_VERSION} table" in message
     assert "\n" not in message
 
 
@@ -154,7 +157,7 @@ def test_structured_union_value_is_read_as_json() -> None:
 def test_without_sglang_the_static_table_is_used() -> None:
     fields, source = sglang_args.server_fields()
     assert fields == FIELDS
-    assert "0.5.9 table" in source
+    assert f"{SGLANG_VERSION} table" in source
 
 
 def test_installed_serverargs_is_read_from_its_dataclass_fields(monkeypatch) -> None:
@@ -208,3 +211,125 @@ def test_every_recorded_sglang_launcher_yields_valid_server_args() -> None:
 
 def test_heavy_packages_not_imported() -> None:
     assert not any(m == "sglang" or m.startswith(("sglang.", "megatron")) for m in sys.modules)
+
+
+# ServerArgs as SGLang releases declared it, written as modules so that postponed annotations
+# are resolved (or not) the way Python resolves SGLang's own.
+ANNOTATED_DATACLASS = """
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated as A, List, Literal, Optional
+
+
+class Arg:
+    def __init__(self, help: str = "", **metadata: object) -> None:
+        self.help = help
+
+
+def NS(name: str) -> str:
+    return name
+
+
+@dataclasses.dataclass
+class ServerArgs:  # SGLang 0.5.17
+    model_path: A[str, Arg(help="weights", aliases=["--model"]), NS("model")]
+    tp_size: A[int, "tensor parallel size", NS("parallel")] = 1
+    cuda_graph_bs_decode: A[Optional[List[int]], "batch sizes"] = None
+    deepep_mode: A[Literal["auto", "normal", "low_latency"], Arg(help="mode")] = "auto"
+"""
+
+STRUCT_FIELDS = """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated as A, List, Optional, Union
+
+import msgspec
+
+if TYPE_CHECKING:
+    from elsewhere import LoRARef
+
+
+class Lora(msgspec.Struct):
+    enable_lora: A[Optional[bool], "enable LoRA"] = None
+    max_lora_rank: A[Optional[int], "rank"] = None
+    max_loaded_loras: A[Optional[int], "resident adapters"] = None
+    lora_paths: A[Optional[Union[dict[str, str], List[str], List[LoRARef]]], "adapters"] = None
+"""
+
+STRUCT_SERVER_ARGS = """
+from __future__ import annotations
+
+import msgspec
+
+from {fields} import Lora
+
+ServerArgs = msgspec.defstruct(  # SGLang 0.5.23
+    "ServerArgs",
+    [(name, Lora.__annotations__[name], None) for name in Lora.__struct_fields__],
+    module=__name__,
+)
+"""
+
+
+def _module(tmp_path, monkeypatch, name: str, source: str) -> types.ModuleType:
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module(name)
+
+
+def test_annotated_fields_under_postponed_annotations_are_read(tmp_path, monkeypatch) -> None:
+    """SGLang 0.5.17: ``A[T, help, NS(...)]`` strings; reading them as text refused them all."""
+    module = _module(tmp_path, monkeypatch, "sgl_annotated_args", ANNOTATED_DATACLASS)
+    fields = sglang_args.declared_fields(module.ServerArgs)
+    assert fields == {
+        "model_path": FieldType("str"),
+        "tp_size": FieldType("int"),
+        "cuda_graph_bs_decode": FieldType("list", element="int", nullable=True),
+        "deepep_mode": FieldType("str", choices=("auto", "normal", "low_latency")),
+    }
+    assert sglang_args.coerce_extra({"cuda-graph-bs-decode": "1 2 4"}, fields) == {
+        "cuda_graph_bs_decode": [1, 2, 4]
+    }
+
+
+def test_msgspec_struct_fields_are_read(tmp_path, monkeypatch) -> None:
+    """SGLang 0.5.23: a msgspec Struct (``dataclasses.fields`` raises on it), whose annotations
+    name a type imported only for type checking (read as text, ``A`` known as Annotated)."""
+    pytest.importorskip("msgspec")
+    _module(tmp_path, monkeypatch, "sgl_struct_fields", STRUCT_FIELDS)
+    source = STRUCT_SERVER_ARGS.format(fields="sgl_struct_fields")
+    module = _module(tmp_path, monkeypatch, "sgl_struct_args", source)
+    module.A = typing.Annotated  # server_args.py re-exports A from its fields' module
+    fields = sglang_args.declared_fields(module.ServerArgs)
+    assert fields["enable_lora"] == FieldType("bool", nullable=True)
+    assert fields["max_lora_rank"] == FieldType("int", nullable=True)
+    assert fields["lora_paths"] == FieldType("list", nullable=True, accepts_json=True)
+    assert sglang_args.coerce_extra({"max-loaded-loras": "4"}, fields) == {"max_loaded_loras": 4}
+
+
+def test_annotated_text_reads_as_its_first_item() -> None:
+    assert parse_annotation("A[Optional[int], 'help', NS('x')]", frozenset({"A"})) == FieldType(
+        "int", nullable=True
+    )
+    assert parse_annotation("Annotated[bool, Arg(help='x')]") == FieldType("bool")
+
+
+def test_offline_table_generator_drops_annotated_metadata() -> None:
+    source = ANNOTATED_DATACLASS + "\n\ndef helper() -> None: ...\n"
+    assert sglang_fields_table.server_args_fields(source) == {
+        "model_path": "str",
+        "tp_size": "int",
+        "cuda_graph_bs_decode": "Optional[List[int]]",
+        "deepep_mode": "Literal['auto', 'normal', 'low_latency']",
+    }
+
+
+def test_offline_table_is_the_pinned_sglang() -> None:
+    """The table follows the SGLang version the sglang extra pins."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    (requirement,) = pyproject["project"]["optional-dependencies"]["sglang"]
+    assert requirement == f"sglang=={SGLANG_VERSION}"

@@ -140,6 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-num-gpus", type=int, help="defaults to the actor total (colocated)")
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
     g.add_argument("--colocate", action="store_true")
+    g.add_argument(
+        "--train-python",
+        help="Python interpreter of the training actors (Ray runtime env py_executable), for a "
+        "trainer whose packages cannot share the job's environment; default: the job's",
+    )
+    g.add_argument(
+        "--rollout-python",
+        help="Python interpreter of the rollout engines (as --train-python); default: the job's",
+    )
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     g.add_argument(
         "--dtype", choices=("auto", "bf16", "fp32"), default="auto", help="auto: bf16 GPU, fp32 CPU"
@@ -402,6 +411,10 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
             f"--sglang-mem-fraction-static must be in (0, 1) "
             f"(got {args.sglang_mem_fraction_static})"
         )
+    for name in ("train_python", "rollout_python"):
+        value = getattr(args, name)
+        if value is not None and not value.startswith("/"):
+            yield f"--{name.replace('_', '-')} must be an absolute path (got {value})"
     if args.min_lr > args.lr:
         yield f"--min-lr ({args.min_lr}) must not exceed --lr ({args.lr})"
 

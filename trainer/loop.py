@@ -34,7 +34,7 @@ from trainer.backends.base import (
     StepResult,
     TrainBatch,
 )
-from trainer.backends.colocate import Colocation
+from trainer.backends.colocate import Colocation, Phase
 from trainer.data import RolloutDataSource, Sample, num_rollouts_for_epochs
 from trainer.grpo import GRPOConfig, Normalizer, group_advantages, grpo_loss
 from trainer.metrics import MetricsLogger
@@ -189,7 +189,10 @@ class GRPOLoop:
         source: RolloutDataSource,
         eval_sets: Mapping[str, Sequence[Sample]],
         logger_factory: Callable[[int, int], MetricsLogger],
+        colocation: Colocation | None = None,
     ) -> None:
+        """`colocation`: the trainers and engines as started (`Colocation.start_engines_first`);
+        by default both are taken as built and the engines release their memory on `run`."""
         self.args = args
         self.trainers = trainers
         self.engines = engines
@@ -203,7 +206,7 @@ class GRPOLoop:
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
         self.num_rollout = num_rollouts(args, len(source))
         self.start = 0
-        self.colocation = Colocation(trainers, engines, colocate=args.colocate)
+        self.colocation = colocation or Colocation(trainers, engines, colocate=args.colocate)
         self.pending: LoraAdapter | None = None
         self.saved: Path | None = None
         self._prompt_ids: dict[str, list[int]] = {}
@@ -247,7 +250,8 @@ class GRPOLoop:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> Path | None:
-        self.colocation.start()
+        if self.colocation.phase is Phase.SETUP:
+            self.colocation.start()
         logger = self.logger_factory(self.start, self.num_rollout)
         try:
             for rollout_id in range(self.start, self.num_rollout):

@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
                 logger_factory=lambda start, total: MetricsLogger(
                     output_dir, total_steps=total, start_step=start, args=args
                 ),
+                colocation=cluster.colocation,
             )
             loop.restore()
             adapter = loop.run()

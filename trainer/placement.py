@@ -31,6 +31,7 @@ from trainer.backends.base import (
     StepResult,
     TrainBatch,
 )
+from trainer.backends.colocate import Colocation
 
 PLACEMENT_TIMEOUT_S = 120.0
 COLOCATED_SHARE = 0.5
@@ -193,14 +194,14 @@ class TrainWorker:
 
 
 class RolloutWorker:
-    """One rollout engine (a Ray actor) around a `RolloutEngine`."""
+    """Rollout engine `index` (a Ray actor) around a `RolloutEngine`."""
 
-    def __init__(self, args: argparse.Namespace, kind: str) -> None:
+    def __init__(self, args: argparse.Namespace, kind: str, index: int) -> None:
         from trainer.backends import registry
 
         quiet_progress_bars()
         self.device = actor_device(kind)
-        self.engine = registry.create_rollout(args, self.device)
+        self.engine = registry.create_rollout(args, self.device, engine_index=index)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -298,10 +299,8 @@ class RayEngineGroup:
         calls, start = [], 0
         for i, worker in enumerate(self.workers):
             end = start + size + (1 if i < extra else 0)
-            seed = None if params.seed is None else params.seed + i
-            calls.append(
-                worker.generate.remote(list(prompts[start:end]), replace(params, seed=seed))
-            )
+            chunk = replace(params, first_request=params.first_request + start)
+            calls.append(worker.generate.remote(list(prompts[start:end]), chunk))
             start = end
         return [g for chunk in ray.get(calls) for g in chunk]
 
@@ -321,8 +320,15 @@ class RayEngineGroup:
 @dataclass
 class Cluster:
     placement_group: Any
-    trainers: RayTrainerGroup
-    engines: RayEngineGroup
+    colocation: Colocation[RayTrainerGroup, RayEngineGroup]
+
+    @property
+    def trainers(self) -> RayTrainerGroup:
+        return self.colocation.trainer
+
+    @property
+    def engines(self) -> RayEngineGroup:
+        return self.colocation.engine
 
     def shutdown(self) -> None:
         import ray
@@ -333,8 +339,15 @@ class Cluster:
         remove_placement_group(self.placement_group)
 
 
+def runtime_env(python: str | None) -> dict[str, Any]:
+    """An actor's Ray runtime env: another interpreter (``--train-python``/``--rollout-python``)
+    where the backend's packages live in an environment of their own."""
+    return {"runtime_env": {"py_executable": python}} if python else {}
+
+
 def launch(args: argparse.Namespace, layout: Layout, *, total_steps: int) -> Cluster:
-    """Reserve the placement group and start the training ranks and the rollout engines."""
+    """Reserve the placement group and start the rollout engines, then the training ranks
+    (`Colocation.start_engines_first` says why in that order)."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -349,27 +362,39 @@ def launch(args: argparse.Namespace, layout: Layout, *, total_steps: int) -> Clu
             f"{PLACEMENT_TIMEOUT_S:.0f} s (is another job holding the devices?)"
         ) from None
 
-    def options(bundle: int) -> dict[str, Any]:
+    def options(bundle: int, python: str | None) -> dict[str, Any]:
         return {
             "num_cpus": layout.share,
             "num_gpus": 0 if layout.device == "cpu" else layout.share,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=group, placement_group_bundle_index=bundle
             ),
+            **runtime_env(python),
         }
 
-    world = len(layout.train_bundles)
-    train_cls = ray.remote(TrainWorker)
-    trainers = [
-        train_cls.options(**options(b)).remote(args, rank, world, layout.device, total_steps)
-        for rank, b in enumerate(layout.train_bundles)
-    ]
-    rollout_cls = ray.remote(RolloutWorker)
-    engines = [
-        rollout_cls.options(**options(b)).remote(args, layout.device) for b in layout.engine_bundles
-    ]
-    master_addr, master_port = ray.get(trainers[0].rendezvous.remote())
-    ranks = ray.get([t.setup.remote(master_addr, master_port) for t in trainers])
-    ray.get([e.__ray_ready__.remote() for e in engines])
-    dp_ranks = [dp_rank for _, dp_rank in ranks]
-    return Cluster(group, RayTrainerGroup(trainers, dp_ranks), RayEngineGroup(engines))
+    def start_engines() -> RayEngineGroup:
+        rollout_cls = ray.remote(RolloutWorker)
+        engines = [
+            rollout_cls.options(**options(b, args.rollout_python)).remote(args, layout.device, i)
+            for i, b in enumerate(layout.engine_bundles)
+        ]
+        ray.get([e.__ray_ready__.remote() for e in engines])
+        return RayEngineGroup(engines)
+
+    def start_trainers() -> RayTrainerGroup:
+        world = len(layout.train_bundles)
+        train_cls = ray.remote(TrainWorker)
+        trainers = [
+            train_cls.options(**options(b, args.train_python)).remote(
+                args, rank, world, layout.device, total_steps
+            )
+            for rank, b in enumerate(layout.train_bundles)
+        ]
+        master_addr, master_port = ray.get(trainers[0].rendezvous.remote())
+        ranks = ray.get([t.setup.remote(master_addr, master_port) for t in trainers])
+        return RayTrainerGroup(trainers, [dp_rank for _, dp_rank in ranks])
+
+    colocation = Colocation.start_engines_first(
+        start_engines, start_trainers, colocate=layout.colocate
+    )
+    return Cluster(group, colocation)

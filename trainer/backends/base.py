@@ -18,13 +18,29 @@ if TYPE_CHECKING:
     import torch
 
 
+# Request seeds of one generate call are seed x stride + request index: distinct for every
+# request of every call whose seeds differ, for calls of up to `SEED_STRIDE` requests.
+SEED_STRIDE = 2**16
+
+
 @dataclass(frozen=True)
 class SamplingParams:
+    """Sampling of one generate call. With a `seed`, request i of the call samples with
+    `request_seed(i)`: one seed per sample, so the n samples of a prompt differ even where the
+    engine samples deterministically from a request's seed. `first_request` is the index of the
+    call's first request within a larger batch split over several engines."""
+
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     seed: int | None = None
+    first_request: int = 0
+
+    def request_seed(self, index: int) -> int | None:
+        if self.seed is None:
+            return None
+        return (self.seed * SEED_STRIDE + self.first_request + index) % 2**63
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 With ``--colocate`` both live on the same devices and take turns::
 
-    colocation.start()                 # setup: engine.release_memory()
+    colocation = Colocation.start_engines_first(start_engines, start_trainers, colocate=True)
+                                       # engines built, engine.release_memory(), trainers built
+    # (or, with both already built: colocation.start()  # engine.release_memory())
     with colocation.rollout():         # trainer.release_memory(); engine.resume_memory()
         engine.load_adapter(...)
         engine.generate(...)
@@ -18,9 +20,9 @@ release/resume made, in order. The holders are anything with ``release_memory()`
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 
 class MemoryHolder(Protocol):
@@ -40,13 +42,38 @@ class ColocateOrderError(AssertionError):
     """A memory phase transition or a backend call made in the wrong phase."""
 
 
-class Colocation:
-    def __init__(self, trainer: MemoryHolder, engine: MemoryHolder, *, colocate: bool) -> None:
+E = TypeVar("E", bound=MemoryHolder)
+T = TypeVar("T", bound=MemoryHolder)
+
+
+class Colocation(Generic[T, E]):
+    def __init__(self, trainer: T, engine: E, *, colocate: bool) -> None:
         self.trainer = trainer
         self.engine = engine
         self.colocate = colocate
         self.phase = Phase.SETUP
         self.calls: list[str] = []
+
+    @classmethod
+    def start_engines_first(
+        cls, start_engines: Callable[[], E], start_trainers: Callable[[], T], *, colocate: bool
+    ) -> Colocation[T, E]:
+        """Start both in the order shared GPUs need, and leave setup with the trainer resident.
+
+        The engines come first: SGLang sizes its KV cache from the memory free once its own
+        weights are loaded, so a trainer building its model on the same GPU at that moment
+        makes the engine fail ("Not enough memory"). Colocated, the engines then give their
+        memory up before the trainers are built.
+        """
+        engine = start_engines()
+        calls = []
+        if colocate:
+            engine.release_memory()
+            calls.append("engine.release_memory")
+        colocation = cls(start_trainers(), engine, colocate=colocate)
+        colocation.calls = calls
+        colocation.phase = Phase.TRAIN
+        return colocation
 
     def require(self, phase: Phase, doing: str) -> None:
         if self.phase is not phase:

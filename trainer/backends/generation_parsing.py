@@ -19,18 +19,23 @@ class GenerationError(RuntimeError):
     """An engine output that cannot be turned into a training sample."""
 
 
-def sampling_params(params: SamplingParams) -> dict[str, Any]:
-    """``sampling_params`` for ``Engine.generate`` (SGLang's ``SamplingParams`` fields; a
-    temperature of 0 is greedy there, top_k -1 is off)."""
-    out: dict[str, Any] = {
+def sampling_params(params: SamplingParams, count: int) -> list[dict[str, Any]]:
+    """``sampling_params`` for ``Engine.generate`` of `count` requests, one dict each (SGLang's
+    ``SamplingParams`` fields; a temperature of 0 is greedy there, top_k -1 is off).
+
+    SGLang seeds a request's sampler from its ``sampling_seed``; one seed for the whole batch
+    would make the n samples of a prompt identical under deterministic inference, so each
+    request gets its own (`SamplingParams.request_seed`).
+    """
+    shared: dict[str, Any] = {
         "max_new_tokens": params.max_new_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k,
     }
-    if params.seed is not None:
-        out["sampling_seed"] = params.seed
-    return out
+    if params.seed is None:
+        return [dict(shared) for _ in range(count)]
+    return [{**shared, "sampling_seed": params.request_seed(i)} for i in range(count)]
 
 
 def parse_output(prompt_ids: Sequence[int], output: Mapping[str, Any]) -> Generation:

@@ -81,7 +81,7 @@ class HFRolloutEngine:
             input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
         if params.seed is not None:
-            torch.manual_seed(params.seed)
+            torch.manual_seed(params.request_seed(0))
         greedy = params.temperature <= 0
         recorder = _SampledLogprobs(1.0 if greedy else params.temperature)
         config = GenerationConfig(
@@ -146,8 +146,9 @@ class HFRolloutEngine:
             self.model.to(self.device)
 
 
-def create(args: argparse.Namespace, device: str) -> HFRolloutEngine:
-    """The ``--rollout-backend hf`` factory (see `trainer.backends.registry`)."""
+def create(args: argparse.Namespace, device: str, *, engine_index: int = 0) -> HFRolloutEngine:
+    """The ``--rollout-backend hf`` factory (see `trainer.backends.registry`). Every engine
+    samples from its requests' own seeds, so `engine_index` changes nothing here."""
     from trainer.arguments import resolve_dtype
 
     return HFRolloutEngine(args.hf_checkpoint, device=device, dtype=resolve_dtype(args, device))

@@ -4,7 +4,8 @@ Every backend module exposes one factory:
 
 * policy trainers: ``create(args: argparse.Namespace, device: str, *, total_steps: int)``
   -> `PolicyTrainer` (``total_steps``: optimizer steps of the whole run, for the LR schedule);
-* rollout engines: ``create(args: argparse.Namespace, device: str)`` -> `RolloutEngine`.
+* rollout engines: ``create(args: argparse.Namespace, device: str, *, engine_index: int)``
+  -> `RolloutEngine` (``engine_index``: which of the job's engines, for its random seed).
 
 ``device`` is ``"cpu"``, ``"cuda"`` or ``"cuda:<index>"`` (the GPU this process drives). Any
 trainer pairs with any engine: adapters travel as `LoraAdapter` under PEFT names. Nothing here
@@ -83,5 +84,7 @@ def create_trainer(args: argparse.Namespace, device: str, *, total_steps: int) -
     return _factory(train_spec(args.train_backend))(args, device, total_steps=total_steps)
 
 
-def create_rollout(args: argparse.Namespace, device: str) -> RolloutEngine:
-    return _factory(rollout_spec(args.rollout_backend))(args, device)
+def create_rollout(
+    args: argparse.Namespace, device: str, *, engine_index: int = 0
+) -> RolloutEngine:
+    return _factory(rollout_spec(args.rollout_backend))(args, device, engine_index=engine_index)

@@ -60,7 +60,7 @@ class SGLangRolloutEngine:
             return []
         outputs = self._engine.generate(
             input_ids=[list(prompt) for prompt in prompts],
-            sampling_params=sampling_params(params),
+            sampling_params=sampling_params(params, len(prompts)),
             return_logprob=True,
             lora_path=[self._adapter_name] * len(prompts) if self._adapter_name else None,
         )
@@ -104,7 +104,9 @@ class SGLangRolloutEngine:
         self._adapter_dir.cleanup()
 
 
-def create(args: argparse.Namespace, device: str) -> SGLangRolloutEngine:
-    """One engine whose first GPU is `device` (``cuda:<index>``), spanning
+def create(args: argparse.Namespace, device: str, *, engine_index: int = 0) -> SGLangRolloutEngine:
+    """Engine `engine_index`, whose first GPU is `device` (``cuda:<index>``), spanning
     ``--rollout-num-gpus-per-engine`` consecutive GPUs."""
-    return SGLangRolloutEngine(build_server_args(args, base_gpu_id=gpu_index(device)))
+    return SGLangRolloutEngine(
+        build_server_args(args, base_gpu_id=gpu_index(device), engine_index=engine_index)
+    )
