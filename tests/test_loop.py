@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -68,11 +69,21 @@ class LocalEngines:
         self.calls.append(f"engine.load_adapter v{adapter.version}")
         self.engine.load_adapter(adapter)
 
+    def score(self, token_ids):
+        return self.engine.score(token_ids)
+
     def release_memory(self):
         self.calls.append("engine.release")
 
     def resume_memory(self):
         self.calls.append("engine.resume")
+
+
+class StaleEngines(LocalEngines):
+    """An engine whose adapter updates never arrive (a broken sync)."""
+
+    def load_adapter(self, adapter):
+        self.calls.append(f"engine.load_adapter v{adapter.version} (dropped)")
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +104,7 @@ def recipe_argv(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def make_loop(argv: Sequence[str]) -> tuple[GRPOLoop, LocalTrainers]:
+def make_loop(argv: Sequence[str], engines=LocalEngines) -> tuple[GRPOLoop, LocalTrainers]:
     from transformers import AutoTokenizer
 
     args = parse_args(argv)
@@ -101,7 +112,7 @@ def make_loop(argv: Sequence[str]) -> tuple[GRPOLoop, LocalTrainers]:
     source = rollout_source_from_args(args, tokenizer)
     total = (args.num_rollout or 1) * 2
     trainers = LocalTrainers(create_trainer(args, "cpu", total_steps=total))
-    engines = LocalEngines(HFRolloutEngine(args.hf_checkpoint), trainers.calls)
+    engines = engines(HFRolloutEngine(args.hf_checkpoint), trainers.calls)
     loop = GRPOLoop(
         args,
         trainers=trainers,
@@ -188,6 +199,26 @@ def test_loop_runs_logs_and_takes_turns_on_the_devices(tiny_dirs, tmp_path, caps
         *phase, "engine.generate", *back,
         *phase, "engine.load_adapter v4", "engine.generate", *back,
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("engines", "synced"), [(LocalEngines, True), (StaleEngines, False)])
+def test_adapter_sync_check_compares_engine_and_trainer(tiny_dirs, tmp_path, engines, synced):
+    """The engines' log-probs of a fixed sequence match the trainer's after each update, and
+    the check fails when the adapter never reaches the engine."""
+    model, data = tiny_dirs
+    argv = recipe_argv(model, data, tmp_path, "--num-rollout", "4", "--check-adapter-sync")
+    loop, _ = make_loop(argv, engines)
+    loop.run()
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert "sync/engine_trainer_logprob_abs_diff" not in records[0]  # nothing published yet
+    # Rollout r checks the adapter of update r - 1, whose shift from the base policy is known.
+    pairs = [
+        (after["sync/engine_trainer_logprob_abs_diff"], before["sync/adapter_shift"])
+        for before, after in itertools.pairwise(records)
+    ]
+    assert any(shift > 1e-3 for _, shift in pairs)  # the adapter moved: a stale one shows
+    for diff, shift in pairs:
+        assert diff < 1e-5 if synced else (diff > 1e-3) == (shift > 1e-3), (diff, shift)
 
 
 def test_metrics_logger_drops_steps_a_resumed_run_repeats(tmp_path):

@@ -180,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--validate-only", action="store_true", help="print the resolved config as JSON and exit"
     )
+    g.add_argument(
+        "--check-adapter-sync",
+        action="store_true",
+        help="after every update, compare each engine's log-probs of a fixed sequence with the "
+        "trainer's (metric sync/engine_trainer_logprob_abs_diff); needs --rollout-temperature 1",
+    )
     return p
 
 
@@ -410,6 +416,11 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
         yield (
             f"--sglang-mem-fraction-static must be in (0, 1) "
             f"(got {args.sglang_mem_fraction_static})"
+        )
+    if args.check_adapter_sync and args.rollout_temperature != 1.0:
+        yield (
+            "--check-adapter-sync compares log-probs at temperature 1: it needs "
+            f"--rollout-temperature 1 (got {args.rollout_temperature})"
         )
     for name in ("train_python", "rollout_python"):
         value = getattr(args, name)

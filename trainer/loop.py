@@ -210,6 +210,8 @@ class GRPOLoop:
         self.pending: LoraAdapter | None = None
         self.saved: Path | None = None
         self._prompt_ids: dict[str, list[int]] = {}
+        self.sync_probe: TrainBatch | None = None  # --check-adapter-sync's fixed sequence
+        self.sync_expected: torch.Tensor | None = None  # the trainer's log-probs of it
 
     # ------------------------------------------------------------------ resume / save
 
@@ -271,6 +273,7 @@ class GRPOLoop:
             samples = self.source.next_batch(self.args.rollout_batch_size)
             with self.colocation.rollout():
                 self.publish(timer)
+                sync = self.check_adapter_sync()
                 with timer("rollout"):
                     generations = self.generate(samples, rollout_id, evaluation=False)
             with timer("reward"):
@@ -280,6 +283,9 @@ class GRPOLoop:
                 rewards, self.args.n_samples_per_prompt, self.args.normalize_advantages
             )
             metrics.update(self.train(generations, advantages, timer))
+            metrics.update(sync)
+            if self.args.check_adapter_sync:
+                metrics.update(self.expect_adapter_sync(generations[0]))
             with timer("export_adapter"):
                 self.pending = self.trainers.export_adapter()
             last = rollout_id + 1 == self.num_rollout
@@ -293,6 +299,30 @@ class GRPOLoop:
             with timer("load_adapter"):
                 self.engines.load_adapter(self.pending)
             self.pending = None
+
+    def expect_adapter_sync(self, first: Generation) -> dict[str, float]:
+        """The trainer's log-probs of the fixed sequence (the first rollout's first sample)
+        after this update, which the engines must reproduce once they load the new adapter;
+        `sync/adapter_shift` (with vs without the adapter) shows the comparison can fail."""
+        if self.sync_probe is None:
+            self.sync_probe = pack([first], [0.0], self.pad_id)
+        shards = [[self.sync_probe]] * self.trainers.world_size
+        [with_adapter] = self.trainers.forward(shards, with_adapter=True)[0]
+        [without] = self.trainers.forward(shards, with_adapter=False)[0]
+        self.sync_expected = with_adapter.logprobs[0]
+        shift = (with_adapter.logprobs[0] - without.logprobs[0]).abs().mean()
+        return {"sync/adapter_shift": float(shift)}
+
+    def check_adapter_sync(self) -> dict[str, float]:
+        """Worst mean |engine - trainer| log-prob over the engines, on the fixed sequence, right
+        after the engines loaded the trainer's latest adapter."""
+        if self.sync_probe is None or self.sync_expected is None:
+            return {}
+        served = self.engines.score(self.sync_probe.input_ids[0].tolist())
+        worst = max(
+            float((torch.tensor(scores) - self.sync_expected).abs().mean()) for scores in served
+        )
+        return {"sync/engine_trainer_logprob_abs_diff": worst}
 
     def prompt_ids(self, sample: Sample) -> list[int]:
         if sample.prompt not in self._prompt_ids:

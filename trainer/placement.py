@@ -211,6 +211,9 @@ class RolloutWorker:
     def load_adapter(self, adapter: LoraAdapter) -> None:
         self.engine.load_adapter(adapter)
 
+    def score(self, token_ids: Sequence[int]) -> list[list[float]]:
+        return self.engine.score(token_ids)
+
     def release_memory(self) -> None:
         self.engine.release_memory()
 
@@ -309,6 +312,12 @@ class RayEngineGroup:
 
         ref = ray.put(adapter)
         self._all("load_adapter", ref)
+
+    def score(self, token_ids: Sequence[int]) -> list[list[float]]:
+        import ray
+
+        results = ray.get([w.score.remote(list(token_ids)) for w in self.workers])
+        return [scores for result in results for scores in result]
 
     def release_memory(self) -> None:
         self._all("release_memory")

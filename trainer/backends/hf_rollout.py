@@ -136,6 +136,15 @@ class HFRolloutEngine:
             raise ValueError(f"adapter tensors the model lacks: {result.unexpected_keys[:3]}")
         self.adapter_version = adapter.version
 
+    def score(self, token_ids: Sequence[int]) -> list[list[float]]:
+        import torch
+
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids).logits[0, :-1].float()
+        logprobs = logits.log_softmax(-1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
+        return [logprobs.cpu().tolist()]
+
     def release_memory(self) -> None:
         if self.device.type != "cpu":
             self.model.to("cpu")
