@@ -64,11 +64,16 @@ def test_production_job_on_one_gpu(tmp_path: Path, backends: str) -> None:
     data = tmp_path / "data" / "tiny-task"
     tiny.build(model, data, seed=0, shape="qwen3-0.6b")
     attention, lora = BACKENDS[backends]
+    train_backend = _train_backend()
     extra = [
         "--prompt-data", str(data / "train.jsonl"), "--rm-type", "tiny",
-        "--train-backend", _train_backend(), "--sglang-attention-backend", attention,
+        "--train-backend", train_backend, "--sglang-attention-backend", attention,
         "--sglang-lora-backend", lora, "--check-adapter-sync", "--save-interval", "1000",
+        # A short run: no prefill CUDA graphs (80 s of capture at start-up on an H200).
+        "--sglang-disable-prefill-cuda-graph",
     ]  # fmt: skip
+    if train_backend == "torch":  # PEFT packs micro-batches by count (Megatron by tokens)
+        extra += ["--micro-batch-size", "32"]
     command = [
         sys.executable, "-m", "launchers.run_qwen3_4b_lora", "train",
         "--hardware", found.name, "--num-gpus-per-node", "1",
