@@ -47,7 +47,7 @@ def read_requirements(positional: list[str], files: list[Path]) -> list[str]:
         try:
             Requirement(text)
         except InvalidRequirement as err:
-            raise WheelhouseError(f"bad requirement {text!r}: {err}") from None
+            raise WheelhouseError(f"bad requirement {text!r}: {str(err).splitlines()[0]}") from None
     if not found:
         raise WheelhouseError("no requirements given (positional or -r FILE)")
     return found
