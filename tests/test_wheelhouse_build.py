@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,8 @@ def test_resolve_keeps_the_node_torch_and_what_only_torch_needs(tmp_path, index,
     assert "replaces node's filelock 3.0.0" in out
     assert "node has small-thing==1.0" in out
     assert out.strip().splitlines()[-1].startswith("batch-1: 2 wheels, ")
+    node_python_here = sys.version_info[:2] == (3, 12)
+    assert ("pip evaluates environment markers for this Python" in out) != node_python_here
 
 
 def test_resolve_follows_extras_past_torch(tmp_path, index):

@@ -74,6 +74,13 @@ def plan_specs(request: BuildRequest, log: list[str]) -> list[str]:
         keep = [r for r in request.requirements if not already_there(target, r)]
         log += [f"node has {r}" for r in request.requirements if r not in keep]
         return keep
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if here != target.python_version:
+        log.append(
+            f"warning: pip evaluates environment markers for this Python ({here}), not the "
+            f"node's ({target.python_version}): run `build` with Python {target.python_version} "
+            "for an exact closure"
+        )
     with tempfile.TemporaryDirectory(prefix="wheelhouse-") as tmp:
         pins = Path(tmp) / "keep.txt"
         pins.write_text(
