@@ -3,8 +3,11 @@ resolver and downloader, offline."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -51,7 +54,31 @@ def index(tmp_path: Path, monkeypatch) -> Path:
         requires=["torch>=2.10", "filelock>=3.1", "small-thing", 'helper; extra == "fast"'],
         extras=["fast"],
     )
+    make_wheel(idx, "app2", "1.0", requires=["native-src", "filelock>=3.1"])
+    write_sdist(idx, "native_src", "1.0")
     return idx
+
+
+def write_sdist(folder: Path, name: str, version: str) -> Path:
+    """A real setuptools source distribution with one module, `NAME.py`."""
+    root = f"{name}-{version}"
+    files = {
+        f"{root}/pyproject.toml": (
+            '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+            f'[project]\nname = "{name}"\nversion = "{version}"\n'
+            f'[tool.setuptools]\npy-modules = ["{name}"]\n'
+        ),
+        f"{root}/{name}.py": "BUILT_ON_THE_NODE = True\n",
+        f"{root}/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+    }
+    path = folder / f"{root}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for member, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
 
 
 def build(tmp_path: Path, index: Path, *argv: str) -> dict:
@@ -74,6 +101,8 @@ def test_resolve_keeps_the_node_torch_and_what_only_torch_needs(tmp_path, index,
     assert "replaces node's filelock 3.0.0" in out
     assert "node has small-thing==1.0" in out
     assert out.strip().splitlines()[-1].startswith("batch-1: 2 wheels, ")
+    node_python_here = sys.version_info[:2] == (3, 12)
+    assert ("pip evaluates environment markers for this Python" in out) != node_python_here
 
 
 def test_resolve_follows_extras_past_torch(tmp_path, index):
@@ -123,3 +152,25 @@ def test_build_input_errors_are_one_line(argv, message, capsys):
     assert main(["build", *argv, "-o", "wh"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_sdists_are_resolved_carried_and_built_on_the_node(tmp_path, index, capsys):
+    manifest = build(tmp_path, index, "app2", "--sdist", "native-src==1.0")
+    assert sorted(manifest["wheels"]) == [
+        "app2-1.0-py3-none-any.whl",
+        "filelock-3.20.0-py3-none-any.whl",
+        "native_src-1.0.tar.gz",
+    ]
+    assert manifest["wheels"]["native_src-1.0.tar.gz"]["sdist"] is True
+    assert "batch-1: 2 wheels + 1 sdist, " in capsys.readouterr().out
+    site = tmp_path / "site"
+    assert main(["install", str(tmp_path / "wh" / "batch-1"), "--target", str(site)]) == 0
+    assert (site / "native_src.py").read_text() == "BUILT_ON_THE_NODE = True\n"
+
+
+def test_no_deps_sdist_pin_and_bad_sdist_argument(tmp_path, index, capsys):
+    manifest = build(tmp_path, index, "--no-deps", "native-src==1.0", "--sdist", "native_src==1.0")
+    assert list(manifest["wheels"]) == ["native_src-1.0.tar.gz"]
+    argv = ["build", "--no-deps", "x==1", "--python-version", "3.12", "--platform", "x"]
+    assert main([*argv, "--sdist", "native-src", "-o", "wh"]) == 2
+    assert "--sdist 'native-src': expected NAME==VERSION" in capsys.readouterr().err

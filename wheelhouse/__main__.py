@@ -77,6 +77,14 @@ def parser() -> argparse.ArgumentParser:
     bld.add_argument("--batch-mib", type=float, default=60, help="batch size limit (default 60)")
     bld.add_argument("--slim", action="append", default=[], help="slimming profile (repeatable)")
     bld.add_argument("--cuda-arch", help="drop members only for newer GPUs, e.g. sm90")
+    bld.add_argument(
+        "--sdist",
+        action="append",
+        default=[],
+        metavar="NAME==VERSION",
+        help="carry this package's source distribution (no wheels exist); pip builds it on "
+        "the node (repeatable)",
+    )
     bld.add_argument("--find-links", action="append", default=[], help="passed to pip")
     bld.add_argument("--index-url", help="passed to pip")
     bld.add_argument("--no-index", action="store_true", help="passed to pip")
@@ -106,6 +114,7 @@ def run_build(args: argparse.Namespace) -> None:
     from wheelhouse.build import BuildRequest, build, read_requirements
     from wheelhouse.inventory import expand_platform
     from wheelhouse.profiles import PROFILES
+    from wheelhouse.sdists import parse_pin
     from wheelhouse.slim import parse_arch
     from wheelhouse.target import Target, from_inventory
 
@@ -125,11 +134,6 @@ def run_build(args: argparse.Namespace) -> None:
         raise WheelhouseError(
             f"unknown --slim profile {', '.join(unknown)} (known: {', '.join(sorted(PROFILES))})"
         )
-    pip_options = [f"--find-links={f}" for f in args.find_links]
-    if args.index_url:
-        pip_options.append(f"--index-url={args.index_url}")
-    if args.no_index:
-        pip_options.append("--no-index")
     request = BuildRequest(
         target=target,
         requirements=read_requirements(args.requirements, args.requirement_files),
@@ -140,7 +144,10 @@ def run_build(args: argparse.Namespace) -> None:
         keep=tuple(args.keep or ["torch"]),
         slim=tuple(args.slim),
         cuda_arch=parse_arch(args.cuda_arch) if args.cuda_arch else None,
-        pip_options=tuple(pip_options),
+        sdists=dict(parse_pin(p) for p in args.sdist),
+        index_url=args.index_url,
+        find_links=tuple(args.find_links),
+        no_index=args.no_index,
     )
     for line in build(request):
         print(line)

@@ -120,13 +120,16 @@ def write_batches(
 
 
 def batch_summary(manifest: dict) -> list[str]:
-    """One line per batch: `batch-1: 12 wheels, 57.3 MiB` (parts counted separately)."""
+    """One line per batch: `batch-1: 12 wheels, 57.3 MiB` (sdists and parts counted apart)."""
     lines = []
     for number in range(1, manifest["batches"] + 1):
-        wheels = sum(1 for e in manifest["wheels"].values() if e["batch"] == number)
+        whole = [n for n, e in manifest["wheels"].items() if e["batch"] == number]
+        wheels = sum(1 for n in whole if n.endswith(".whl"))
+        sources = len(whole) - wheels
         parts = [p for e in manifest["wheels"].values() for p in e["parts"] if p["batch"] == number]
         size = sum(e["size"] for e in manifest["wheels"].values() if e["batch"] == number)
         size += sum(p["size"] for p in parts)
-        extra = f" + {len(parts)} part{'s' * (len(parts) != 1)}" if parts else ""
+        extra = f" + {sources} sdist{'s' * (sources != 1)}" if sources else ""
+        extra += f" + {len(parts)} part{'s' * (len(parts) != 1)}" if parts else ""
         lines.append(f"batch-{number}: {wheels} wheels{extra}, {size / MIB:.1f} MiB")
     return lines

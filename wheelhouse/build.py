@@ -6,12 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from wheelhouse import resolve
+from wheelhouse import resolve, sdists
 from wheelhouse.batches import WheelhouseError, batch_summary, write_batches
 from wheelhouse.names import normalize, wheel_name_version
 from wheelhouse.profiles import Rule, rules_for
@@ -30,7 +30,27 @@ class BuildRequest:
     keep: tuple[str, ...] = ("torch",)
     slim: tuple[str, ...] = ()
     cuda_arch: int | None = None
-    pip_options: tuple[str, ...] = ()
+    sdists: dict[str, str] = field(default_factory=dict)
+    index_url: str | None = None
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False
+
+    @property
+    def pip_options(self) -> list[str]:
+        options = [f"--find-links={f}" for f in self.find_links]
+        if self.index_url:
+            options.append(f"--index-url={self.index_url}")
+        if self.no_index:
+            options.append("--no-index")
+        return options
+
+
+@dataclass
+class Plan:
+    """What to fetch: exact wheel requirements and (name, version) source distributions."""
+
+    wheels: list[str] = field(default_factory=list)
+    sdists: list[tuple[str, str]] = field(default_factory=list)
 
 
 def read_requirements(positional: list[str], files: list[Path]) -> list[str]:
@@ -60,27 +80,48 @@ def pip_download(target: Target, specs: list[str], into: Path, options: list[str
         raise WheelhouseError("pip could not download the wheels for the node (see above)")
 
 
-def already_there(target: Target, requirement: str) -> bool:
-    """An exact pin (`name==version`) the node already satisfies."""
+def exact_pin(requirement: str) -> tuple[str, str] | None:
+    """(normalised name, version) of an exact pin `name==version`, else None."""
     req = Requirement(requirement)
     pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
-    return len(pins) == 1 and "*" not in pins[0] and target.has(req.name, pins[0])
+    if len(pins) != 1 or "*" in pins[0]:
+        return None
+    return normalize(req.name), pins[0]
 
 
-def plan_specs(request: BuildRequest, log: list[str]) -> list[str]:
-    """The exact requirements to download (`name==version` in resolve mode)."""
+def plan_no_deps(request: BuildRequest, log: list[str]) -> Plan:
+    plan = Plan()
+    for text in request.requirements:
+        pin = exact_pin(text)
+        if pin and request.target.has(*pin):
+            log.append(f"node has {text}")
+        elif pin and pin[0] in request.sdists:
+            plan.sdists.append(pin)
+        else:
+            plan.wheels.append(text)
+    return plan
+
+
+def plan_resolved(request: BuildRequest, log: list[str]) -> Plan:
     target = request.target
-    if request.no_deps:
-        keep = [r for r in request.requirements if not already_there(target, r)]
-        log += [f"node has {r}" for r in request.requirements if r not in keep]
-        return keep
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if here != target.python_version:
+        log.append(
+            f"warning: pip evaluates environment markers for this Python ({here}), not the "
+            f"node's ({target.python_version}): run `build` with Python {target.python_version} "
+            "for an exact closure"
+        )
     with tempfile.TemporaryDirectory(prefix="wheelhouse-") as tmp:
         pins = Path(tmp) / "keep.txt"
         pins.write_text(
             "".join(f"{line}\n" for line in resolve.keep_constraints(target, list(request.keep)))
         )
+        stand_ins = Path(tmp) / "stand-ins"
+        for name, version in request.sdists.items():
+            sdists.write_stand_in(stand_ins, name, version)
+        options = request.pip_options + ([f"--find-links={stand_ins}"] if request.sdists else [])
         report = resolve.run_report(
-            target, request.requirements, [pins, *request.constraints], list(request.pip_options)
+            target, request.requirements, [pins, *request.constraints], options
         )
     items = resolve.parse_report(report)
     keep = {normalize(k) for k in request.keep}
@@ -91,30 +132,31 @@ def plan_specs(request: BuildRequest, log: list[str]) -> list[str]:
             f"node has (kept, or only needed by {', '.join(sorted(keep))}): "
             + ", ".join(sorted(skipped))
         )
-    specs = []
+    plan = Plan()
     for item in wanted:
         if target.has(item.name, item.version):
             log.append(f"node has {item.name}=={item.version}")
+        elif item.name in request.sdists:
+            plan.sdists.append((item.name, item.version))
         else:
-            specs.append(f"{item.name}=={item.version}")
-    return specs
+            plan.wheels.append(f"{item.name}=={item.version}")
+    return plan
 
 
 def build(request: BuildRequest) -> list[str]:
     """Build the wheelhouse under `request.out`; returns the lines to print."""
     log: list[str] = []
-    specs = plan_specs(request, log)
-    if not specs:
-        raise WheelhouseError("the node already has everything requested: nothing to build")
+    plan = plan_no_deps(request, log) if request.no_deps else plan_resolved(request, log)
     target = request.target
     rules = rules_for(list(request.slim))
     notes: dict[str, dict] = {}
+    files: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="wheelhouse-") as tmp:
         download, slimmed = Path(tmp) / "download", Path(tmp) / "slim"
         download.mkdir()
         slimmed.mkdir()
-        pip_download(target, specs, download, list(request.pip_options))
-        wheels = []
+        if plan.wheels:
+            pip_download(target, plan.wheels, download, request.pip_options)
         for path in sorted(download.glob("*.whl")):
             name, version = wheel_name_version(path.name)
             if target.has(name, version):
@@ -132,9 +174,15 @@ def build(request: BuildRequest) -> list[str]:
                     log.append(result.line(path.name))
                     path = slimmed / path.name
             notes[path.name] = note
-            wheels.append(path)
-        if not wheels:
+            files.append(path)
+        index = None if request.no_index else (request.index_url or sdists.PYPI)
+        for name, version in plan.sdists:
+            path = sdists.fetch(name, version, download, index, list(request.find_links))
+            notes[path.name] = {"sdist": True}
+            log.append(f"{path.name}: source distribution, built by pip on the node")
+            files.append(path)
+        if not files:
             raise WheelhouseError("the node already has everything requested: nothing to build")
         request.out.mkdir(parents=True, exist_ok=True)
-        manifest = write_batches(wheels, request.out, request.batch_mib, notes)
+        manifest = write_batches(files, request.out, request.batch_mib, notes)
     return [*log, *batch_summary(manifest)]

@@ -90,13 +90,17 @@ def assemble(manifest: dict, folders: list[Path], work: Path) -> list[Path]:
 
 
 def pip_install(wheels: list[Path], target: Path | None) -> None:
-    """`python -m pip install --no-index --no-deps` the wheels, into `target` or this env."""
+    """`python -m pip install --no-index --no-deps` the wheels (and source distributions),
+    into `target` or this environment."""
     command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet"]
+    if any(not w.name.endswith(".whl") for w in wheels):
+        # source distributions build with the node's own setuptools/torch: nothing to fetch
+        command.append("--no-build-isolation")
     if target is not None:
         command += ["--upgrade", "--target", str(target)]
     command += [str(w) for w in wheels]
     if subprocess.run(command, check=False).returncode != 0:
-        raise WheelhouseError(f"pip could not install the {len(wheels)} wheels (see above)")
+        raise WheelhouseError(f"pip could not install the {len(wheels)} files (see above)")
 
 
 def install(folders: list[Path], target: Path | None, stash_dir: Path | None) -> str:

@@ -106,7 +106,7 @@ def slim_wheel(src: Path, dst: Path, rule: Rule, arch: int | None = None) -> Sli
         record = records[0]
         signatures = {record + ".jws", record + ".p7s"}
         rows: list[list[str]] = []
-        with zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        with zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zout:
             for info in infos:
                 name = info.filename
                 if name in drops or name == record or name in signatures:
