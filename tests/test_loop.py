@@ -15,7 +15,7 @@ import torch
 
 from trainer import tiny
 from trainer.arguments import parse_args
-from trainer.backends.base import Generation
+from trainer.backends.base import Generation, adapter_digest
 from trainer.backends.hf_rollout import HFRolloutEngine
 from trainer.backends.peft_trainer import create as create_trainer
 from trainer.data import eval_sets_from_args, rollout_source_from_args
@@ -42,6 +42,9 @@ class LocalTrainers:
 
     def export_adapter(self):
         return self.trainer.export_adapter()
+
+    def adapter_digests(self):
+        return [adapter_digest(self.trainer.export_adapter())]
 
     def save(self, path):
         self.trainer.save(path)
@@ -219,6 +222,7 @@ def test_adapter_sync_check_compares_engine_and_trainer(tiny_dirs, tmp_path, eng
     assert any(shift > 1e-3 for _, shift in pairs)  # the adapter moved: a stale one shows
     for diff, shift in pairs:
         assert diff < 1e-5 if synced else (diff > 1e-3) == (shift > 1e-3), (diff, shift)
+    assert all(r["sync/ranks_off_rank0_adapter"] == 0 for r in records)
 
 
 def test_metrics_logger_drops_steps_a_resumed_run_repeats(tmp_path):

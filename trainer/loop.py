@@ -55,6 +55,10 @@ class TrainerGroup(Protocol):
 
     def export_adapter(self) -> LoraAdapter: ...
 
+    def adapter_digests(self) -> list[str]:
+        """`trainer.backends.base.adapter_digest` of every rank's adapter, in rank order."""
+        ...
+
     def save(self, path: Path) -> None: ...
 
     def load(self, path: Path) -> None: ...
@@ -303,7 +307,8 @@ class GRPOLoop:
     def expect_adapter_sync(self, first: Generation) -> dict[str, float]:
         """The trainer's log-probs of the fixed sequence (the first rollout's first sample)
         after this update, which the engines must reproduce once they load the new adapter;
-        `sync/adapter_shift` (with vs without the adapter) shows the comparison can fail."""
+        `sync/adapter_shift` (with vs without the adapter) shows the comparison can fail, and
+        `sync/ranks_off_rank0_adapter` counts data-parallel ranks whose adapter differs."""
         if self.sync_probe is None:
             self.sync_probe = pack([first], [0.0], self.pad_id)
         shards = [[self.sync_probe]] * self.trainers.world_size
@@ -311,7 +316,11 @@ class GRPOLoop:
         [without] = self.trainers.forward(shards, with_adapter=False)[0]
         self.sync_expected = with_adapter.logprobs[0]
         shift = (with_adapter.logprobs[0] - without.logprobs[0]).abs().mean()
-        return {"sync/adapter_shift": float(shift)}
+        digests = self.trainers.adapter_digests()
+        return {
+            "sync/adapter_shift": float(shift),
+            "sync/ranks_off_rank0_adapter": float(sum(d != digests[0] for d in digests)),
+        }
 
     def check_adapter_sync(self) -> dict[str, float]:
         """Worst mean |engine - trainer| log-prob over the engines, on the fixed sequence, right

@@ -30,6 +30,7 @@ from trainer.backends.base import (
     SamplingParams,
     StepResult,
     TrainBatch,
+    adapter_digest,
 )
 from trainer.backends.colocate import Colocation
 
@@ -180,6 +181,9 @@ class TrainWorker:
     def export_adapter(self) -> LoraAdapter:
         return self.trainer.export_adapter()
 
+    def adapter_digest(self) -> str:
+        return adapter_digest(self.trainer.export_adapter())
+
     def save(self, path: str) -> None:
         self.trainer.save(Path(path))
 
@@ -267,6 +271,11 @@ class RayTrainerGroup:
         adapter = ray.get(refs[0])
         ray.wait(refs[1:], num_returns=len(refs) - 1, fetch_local=False)
         return adapter
+
+    def adapter_digests(self) -> list[str]:
+        import ray
+
+        return ray.get([w.adapter_digest.remote() for w in self.workers])
 
     def save(self, path: Path) -> None:
         self._all("save", str(path))

@@ -66,6 +66,21 @@ class LoraAdapter:
     version: int = 0
 
 
+def adapter_digest(adapter: LoraAdapter) -> str:
+    """SHA-256 of an adapter's tensors (names, shapes, dtypes and bytes): data-parallel ranks
+    that stay in step hold adapters with equal digests."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name in sorted(adapter.tensors):
+        tensor = adapter.tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 @dataclass
 class TrainBatch:
     """Right-padded sequences (prompt + response) for a policy trainer.
