@@ -60,7 +60,9 @@ def test_small_defaults_resolve_derived_values() -> None:
     assert args.num_epoch == 1 and args.num_rollout is None
     assert args.rollout_num_gpus == 1 and args.num_gpus_per_node == 1
     assert args.device == "auto" and args.dtype == "auto"
-    assert args.normalize_advantages is True and args.loss_agg == "token-mean"
+    # miles' defaults: group std normalisation on, no whitening, k1, per-sample mean
+    assert args.grpo_std_normalization is True and args.normalize_advantages is False
+    assert args.kl_loss_type == "k1" and args.loss_agg == "seq-mean-token-mean"
     assert args.sglang_extra == {} and args.eval_datasets == {}
     assert args.eval_max_response_len == args.rollout_max_response_len
     assert args.output_dir == "./outputs" and args.seed == 1234
@@ -180,9 +182,45 @@ def test_load_without_save_is_fine_and_pairs_parse() -> None:
     assert args.eval_datasets == {"a": "x", "b": "y"}
 
 
-def test_no_normalize_advantages_and_kl_types() -> None:
-    args = parse_args([*BASE, "--no-normalize-advantages", "--kl-loss-type", "k3"])
-    assert args.normalize_advantages is False and args.kl_loss_type == "k3"
+def test_miles_advantage_flags_keep_their_miles_meaning() -> None:
+    args = parse_args(
+        [
+            *BASE,
+            "--normalize-advantages",
+            "--disable-grpo-std-normalization",
+            "--kl-loss-type",
+            "k3",
+        ]
+    )
+    assert args.normalize_advantages is True and args.grpo_std_normalization is False
+    assert args.kl_loss_type == "k3"
+    assert arguments.algorithm_meanings(args)["advantage"] == (
+        "reward - group mean, then whitened over all response tokens of the rollout"
+    )
+    with pytest.raises(UsageError, match="unrecognized argument --no-normalize-advantages"):
+        parse_args([*BASE, "--no-normalize-advantages"])
+
+
+def test_a_group_of_one_has_no_std_normalisation() -> None:
+    assert parse_args([*BASE, "--n-samples-per-prompt", "1"]).grpo_std_normalization is False
+
+
+@pytest.mark.parametrize(
+    ("extra", "agg"),
+    [
+        ([], "seq-mean-token-mean"),
+        (["--calculate-per-token-loss"], "token-mean"),
+        (["--loss-agg", "seq-mean-token-sum"], "seq-mean-token-sum"),
+        (["--calculate-per-token-loss", "--loss-agg", "token-mean"], "token-mean"),
+    ],
+)
+def test_loss_aggregation_follows_miles_unless_loss_agg_says_otherwise(extra, agg) -> None:
+    assert parse_args([*BASE, *extra]).loss_agg == agg
+
+
+def test_per_token_loss_and_a_per_sample_loss_agg_contradict() -> None:
+    with pytest.raises(UsageError, match="--calculate-per-token-loss is token-mean"):
+        parse_args([*BASE, "--calculate-per-token-loss", "--loss-agg", "seq-mean-token-mean"])
 
 
 def test_wandb_mode_follows_the_key_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

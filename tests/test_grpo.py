@@ -17,6 +17,7 @@ from trainer.grpo import (
     grpo_loss,
     kl_penalty,
     policy_loss,
+    whiten,
 )
 
 LN2 = math.log(2.0)
@@ -40,6 +41,14 @@ def test_group_advantages() -> None:
     # rewards 0,3 -> mean 1.5, std sqrt(2 * 2.25 / 1) = 2.121320 -> -+0.707107
     close(group_advantages(torch.tensor([0.0, 3.0]), 2), [-0.707107, 0.707107])
     close(group_advantages(torch.tensor([0.3, 0.9]), 1), [0.0, 0.0])  # a lone sample: 0
+
+
+def test_whiten_weights_each_sample_by_its_tokens() -> None:
+    # values [1, -1] over 1 and 3 tokens: tokens [1, -1, -1, -1], mean -0.5,
+    # unbiased var (1.5^2 + 3 * 0.5^2) / 3 = 1; whitened [1.5, -0.5]
+    close(whiten(torch.tensor([1.0, -1.0]), torch.tensor([1, 3])), [1.5, -0.5])
+    with pytest.raises(ValueError, match="at least one response token"):
+        whiten(torch.tensor([1.0]), torch.tensor([0]))
 
 
 def test_group_advantages_rejects_ragged_groups() -> None:
@@ -122,8 +131,10 @@ def test_kl_estimators() -> None:
     # k3 = exp(ref - logp) - (ref - logp) - 1: 0.5 + ln2 - 1 = 0.193147; 2 - ln2 - 1 = 0.306853
     close(kl_penalty(logprobs, ref, "k3"), [[0.193147, 0.306853, 0.0]])
     close(kl_penalty(logprobs, ref, "low_var_kl"), kl_penalty(logprobs, ref, "k3"))
-    # far apart: exp(20) - 20 - 1 is clamped to 10
-    close(kl_penalty(torch.tensor([-40.0]), torch.tensor([0.0]), "k3"), [10.0])
+    # far apart: low_var_kl clamps exp(20) - 20 - 1 to 10; k3 (as miles) does not clamp:
+    # exp(3) - 3 - 1 = 16.085537
+    close(kl_penalty(torch.tensor([-40.0]), torch.tensor([0.0]), "low_var_kl"), [10.0])
+    close(kl_penalty(torch.tensor([-3.0]), torch.tensor([0.0]), "k3"), [16.085537])
     with pytest.raises(ValueError, match="unknown KL estimator"):
         kl_penalty(logprobs, ref, "k4")
 
@@ -141,7 +152,7 @@ def test_grpo_loss_combines_terms() -> None:
     ref = torch.tensor([[math.log(0.25), math.log(0.5)]])
     entropy = torch.tensor([[1.0, 2.0]])
     mask = torch.ones(1, 2)
-    config = GRPOConfig(use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
+    config = GRPOConfig(use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k3", entropy_coef=0.01)
     loss, metrics = grpo_loss(
         logprobs, logprobs, torch.tensor([1.0]), mask, config, ref_logprobs=ref, entropy=entropy
     )
@@ -152,7 +163,7 @@ def test_grpo_loss_combines_terms() -> None:
     # KL is reported without --use-kl-loss but stays out of the loss
     loss, metrics = grpo_loss(logprobs, logprobs, torch.tensor([1.0]), mask, ref_logprobs=ref)
     close(loss, -1.0)
-    assert metrics["kl"] == pytest.approx(0.25) and "entropy" not in metrics
+    assert metrics["kl"] == pytest.approx(0.0) and "entropy" not in metrics  # k1: (ln2 - ln2) / 2
 
 
 def test_grpo_loss_requires_its_inputs() -> None:

@@ -25,6 +25,8 @@ SGLANG_PREFIX = "--sglang-"
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+([eE][-+]?\d+)?$|^-\d+[eE][-+]?\d+$")
 _SECRET_NAME = re.compile(r"key|token|secret|password", re.IGNORECASE)
 _REDACTED = "<redacted>"
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 
 
 class UsageError(Exception):
@@ -103,21 +105,32 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("GRPO")
     g.add_argument("--advantage-estimator", choices=("grpo",), default="grpo")
     g.add_argument(
+        "--disable-grpo-std-normalization",
+        dest="grpo_std_normalization",
+        action="store_false",
+        help="only centre rewards on the group mean (Dr.GRPO); by default also divide by the std",
+    )
+    g.add_argument(
         "--normalize-advantages",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="divide group-centred rewards by the group std",
+        action="store_true",
+        help="whiten the advantages over all response tokens of the rollout (every DP rank)",
     )
     g.add_argument("--use-kl-loss", action="store_true")
     g.add_argument("--kl-loss-coef", type=float, default=0.0)
-    g.add_argument("--kl-loss-type", choices=("k1", "k2", "k3", "low_var_kl"), default="low_var_kl")
+    g.add_argument("--kl-loss-type", choices=KL_TYPES, default="k1")
     g.add_argument("--entropy-coef", type=float, default=0.0)
     g.add_argument("--eps-clip", type=float, default=0.2)
     g.add_argument("--eps-clip-high", type=float, help="upper clip; defaults to --eps-clip")
     g.add_argument(
+        "--calculate-per-token-loss",
+        action="store_true",
+        help="token mean over the step (miles); default: per-sample mean (--loss-agg)",
+    )
+    g.add_argument(
         "--loss-agg",
-        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
-        default="token-mean",
+        choices=AGG_MODES,
+        help="this project's finer choice; default seq-mean-token-mean, or token-mean with "
+        "--calculate-per-token-loss",
     )
 
     g = p.add_argument_group("wandb (the key comes from WANDB_API_KEY only)")
@@ -200,12 +213,24 @@ def exit_usage(err: UsageError | str) -> NoReturn:
 
 def resolved_config(args: argparse.Namespace) -> dict[str, Any]:
     """The resolved configuration as a JSON-able dict (sorted; secret-looking extras redacted)."""
-    config = dict(sorted(vars(args).items()))
+    config = dict(sorted({**vars(args), "meanings": algorithm_meanings(args)}.items()))
     config["sglang_extra"] = {
         k: (_REDACTED if _SECRET_NAME.search(k) else v)
         for k, v in sorted(args.sglang_extra.items())
     }
     return config
+
+
+def algorithm_meanings(args: argparse.Namespace) -> dict[str, str]:
+    """What the GRPO flags resolve to, in words (``--validate-only`` prints it)."""
+    advantage = "reward - group mean"
+    if args.grpo_std_normalization:
+        advantage += ", divided by the group std"
+    if args.normalize_advantages:
+        advantage += ", then whitened over all response tokens of the rollout"
+    kl = f"{args.kl_loss_type} estimator, "
+    kl += f"in the loss x {args.kl_loss_coef}" if args.use_kl_loss else "logged only"
+    return {"advantage": advantage, "loss_aggregation": args.loss_agg, "kl": kl}
 
 
 def target_modules(args: argparse.Namespace) -> str | list[str]:
@@ -323,6 +348,10 @@ def _unknown_flag_message(name: str, actions: dict[str, argparse.Action]) -> str
 def _resolve(args: argparse.Namespace) -> None:
     if args.eps_clip_high is None:
         args.eps_clip_high = args.eps_clip
+    if args.loss_agg is None:
+        args.loss_agg = "token-mean" if args.calculate_per_token_loss else "seq-mean-token-mean"
+    if args.n_samples_per_prompt == 1:
+        args.grpo_std_normalization = False  # as miles: a group of one has no spread
     if args.num_gpus_per_node is None:
         args.num_gpus_per_node = args.actor_num_gpus_per_node
     if args.rollout_num_gpus is None:
@@ -402,6 +431,8 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
             f"--sglang-mem-fraction-static must be in (0, 1) "
             f"(got {args.sglang_mem_fraction_static})"
         )
+    if args.calculate_per_token_loss and args.loss_agg != "token-mean":
+        yield f"--calculate-per-token-loss is token-mean; --loss-agg {args.loss_agg} contradicts it"
     if args.min_lr > args.lr:
         yield f"--min-lr ({args.min_lr}) must not exceed --lr ({args.lr})"
 

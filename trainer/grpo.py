@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+from trainer.arguments import AGG_MODES, KL_TYPES
 
 
 def group_advantages(
@@ -34,6 +33,21 @@ def group_advantages(
     if normalize_std and group_size > 1:
         centred = centred / (groups.std(dim=1, keepdim=True) + eps)
     return centred.view(-1)
+
+
+def whiten(values: torch.Tensor, weights: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(v - mean) / sqrt(var + eps)`` with the mean and the unbiased variance weighted by
+    `weights` (miles' ``--normalize-advantages``: a sample's advantage counts once per response
+    token, over every sample of the rollout, i.e. every data-parallel rank)."""
+    values, weights = values.float(), weights.float()
+    count = weights.sum()
+    if count <= 0:
+        raise ValueError("whitening needs at least one response token")
+    mean = (values * weights).sum() / count
+    variance = (values.square() * weights).sum() / count - mean.square()
+    if count >= 2:
+        variance = variance * count / (count - 1)
+    return (values - mean) * torch.rsqrt(variance + eps)
 
 
 @dataclass(frozen=True)
@@ -120,15 +134,18 @@ def kl_penalty(
 ) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from sampled tokens' log-probabilities.
 
-    k1: ``log r``; k2: ``0.5 (log r)^2``; k3 / low_var_kl: ``exp(-log r) + log r - 1`` (Schulman's
-    unbiased, non-negative estimator), clamped to [-10, 10] like verl; ``log r = logp - ref``.
+    k1: ``log r``; k2: ``0.5 (log r)^2``; k3: ``exp(-log r) + log r - 1`` (Schulman's unbiased,
+    non-negative estimator); low_var_kl: k3 with ``log r`` clamped to [-20, 20] and the result to
+    [-10, 10] (as miles and verl); ``log r = logp - ref``.
     """
     log_ratio = logprobs - ref_logprobs
     if kind == "k1":
         return log_ratio
     if kind == "k2":
         return 0.5 * log_ratio.square()
-    if kind in ("k3", "low_var_kl"):
+    if kind == "k3":
+        return torch.exp(-log_ratio) + log_ratio - 1.0
+    if kind == "low_var_kl":
         ref_minus_logp = torch.clamp(-log_ratio, -20.0, 20.0)
         return torch.clamp(torch.exp(ref_minus_logp) - ref_minus_logp - 1.0, -10.0, 10.0)
     raise ValueError(f"unknown KL estimator {kind!r}; expected one of {KL_TYPES}")
@@ -144,10 +161,10 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 class GRPOConfig:
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
-    loss_agg: str = "token-mean"
+    loss_agg: str = "seq-mean-token-mean"
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
-    kl_loss_type: str = "low_var_kl"
+    kl_loss_type: str = "k1"
     entropy_coef: float = 0.0
 
     @classmethod

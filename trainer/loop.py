@@ -36,7 +36,7 @@ from trainer.backends.base import (
 )
 from trainer.backends.colocate import Colocation
 from trainer.data import RolloutDataSource, Sample, num_rollouts_for_epochs
-from trainer.grpo import GRPOConfig, Normalizer, group_advantages, grpo_loss
+from trainer.grpo import GRPOConfig, Normalizer, group_advantages, grpo_loss, whiten
 from trainer.metrics import MetricsLogger
 from trainer.rewards import get_reward
 
@@ -273,8 +273,11 @@ class GRPOLoop:
                 rewards = self.rewards(samples, generations, self.args.n_samples_per_prompt)
             metrics = rollout_metrics(generations, rewards, self.args.n_samples_per_prompt)
             advantages = group_advantages(
-                rewards, self.args.n_samples_per_prompt, self.args.normalize_advantages
+                rewards, self.args.n_samples_per_prompt, self.args.grpo_std_normalization
             )
+            if self.args.normalize_advantages:
+                lengths = torch.tensor([len(g.response_ids) for g in generations])
+                advantages = whiten(advantages, lengths)
             metrics.update(self.train(generations, advantages, timer))
             with timer("export_adapter"):
                 self.pending = self.trainers.export_adapter()
