@@ -431,6 +431,11 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
             f"--sglang-mem-fraction-static must be in (0, 1) "
             f"(got {args.sglang_mem_fraction_static})"
         )
+    if args.lora_dropout > 0:
+        yield (
+            f"--lora-dropout {args.lora_dropout} is refused: old log-probs come without dropout "
+            "and the training forward drops out, so the on-policy PPO ratio is not 1; use 0"
+        )
     if args.calculate_per_token_loss and args.loss_agg != "token-mean":
         yield f"--calculate-per-token-loss is token-mean; --loss-agg {args.loss_agg} contradicts it"
     if args.min_lr > args.lr:

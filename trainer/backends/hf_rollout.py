@@ -6,6 +6,10 @@ before top-p/top-k truncation: the definition the policy trainer uses, so
 `train_rollout_logprob_abs_diff` measures the numerical drift between generation (KV cache,
 left padding) and training, never a difference of definitions. Only one step of logits is kept
 at a time. Sampling uses exactly the given parameters, never the model's generation defaults.
+
+Each sample draws from its own generator, seeded from (the call's seed, its row): the n samples
+of one prompt always differ in their randomness, and a sample does not depend on the batch it
+shares. Without a seed, the row seeds come from torch's global generator.
 """
 
 from __future__ import annotations
@@ -44,6 +48,51 @@ class _SampledLogprobs:
         return torch.stack(self.steps, dim=1)
 
 
+def row_seeds(seed: int | None, rows: int) -> list[int]:
+    """One seed per sample: mixed from (seed, row) by numpy's SeedSequence, or drawn at random."""
+    import numpy as np
+    import torch
+
+    if seed is None:
+        return [int(s) for s in torch.randint(0, 2**62, (rows,))]
+    return [int(np.random.SeedSequence([seed, row]).generate_state(1)[0]) for row in range(rows)]
+
+
+class _PerRowSampler:
+    """The last logits processor: applies temperature, top-k and top-p (transformers' warpers),
+    samples each row's next token with that row's own generator, and leaves only that token
+    possible, so generation proceeds greedily over the sampled tokens."""
+
+    def __init__(self, params: SamplingParams, seeds: Sequence[int], device: Any) -> None:
+        import torch
+        from transformers import (
+            LogitsProcessorList,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        self.generators = [torch.Generator(device).manual_seed(seed) for seed in seeds]
+        warpers: list[Any] = [TemperatureLogitsWarper(params.temperature)]
+        if params.top_k > 0:
+            warpers.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(params.top_p))
+        self.warpers = LogitsProcessorList(warpers)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        probs = self.warpers(input_ids, scores).float().softmax(-1)
+        tokens = torch.stack(
+            [
+                torch.multinomial(row, 1, generator=g)
+                for row, g in zip(probs, self.generators, strict=True)
+            ]
+        )
+        return torch.full_like(scores, float("-inf")).scatter_(1, tokens, 0.0)
+
+
 class HFRolloutEngine:
     """A transformers causal LM that samples responses; LoRA adapters arrive in memory."""
 
@@ -80,15 +129,14 @@ class HFRolloutEngine:
         for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
         greedy = params.temperature <= 0
         recorder = _SampledLogprobs(1.0 if greedy else params.temperature)
+        processors: list[Any] = [recorder]
+        if not greedy:
+            seeds = row_seeds(params.seed, len(prompts))
+            processors.append(_PerRowSampler(params, seeds, self.device))
         config = GenerationConfig(
-            do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p,
-            top_k=None if greedy else max(params.top_k, 0),  # 0: off (unset means 50)
+            do_sample=False,  # sampling happens in _PerRowSampler
             max_new_tokens=params.max_new_tokens,
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id,
@@ -98,7 +146,7 @@ class HFRolloutEngine:
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
-                logits_processor=LogitsProcessorList([recorder]),
+                logits_processor=LogitsProcessorList(processors),
             )
         new_tokens = sequences[:, width:]
         logprobs = recorder.finish(new_tokens).cpu()
@@ -134,6 +182,9 @@ class HFRolloutEngine:
         result = set_peft_model_state_dict(self.model, tensors)
         if result.unexpected_keys:
             raise ValueError(f"adapter tensors the model lacks: {result.unexpected_keys[:3]}")
+        missing = [key for key in result.missing_keys if ".lora_" in key]
+        if missing:
+            raise ValueError(f"adapter lacks {len(missing)} LoRA tensor(s), e.g. {missing[:3]}")
         self.adapter_version = adapter.version
 
     def release_memory(self) -> None:
