@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
 
 from trainer import arguments
 from trainer.arguments import UsageError, parse_args, parse_args_or_exit, resolved_config
+from trainer.main import main as train_main
 
 BASE = ["--hf-checkpoint", "/models/tiny", "--prompt-data", "/data/train.jsonl"]
 
@@ -278,3 +280,71 @@ def test_unknown_sglang_flag_is_rejected_with_close_names() -> None:
     message = error_of([*AMD_ARGV, "--sglang-enable-lorra", "true"])
     assert message.startswith("--sglang-enable-lorra: unknown SGLang server argument")
     assert "--sglang-enable-lora" in message
+
+
+# Each flag of issue 12's yardstick with a value miles' own launchers use, and what it resolves to.
+YARDSTICK = [
+    ("--use-tis", {"use_tis": True}),
+    ("--use-tis --tis-clip 2.0 --tis-clip-low 0.0", {"tis_clip": 2.0, "tis_clip_low": 0.0}),
+    ("--eps-clip-c 3", {"eps_clip_c": 3.0}),
+    ("--rollout-batch-size 32 --over-sampling-batch-size 64", {"over_sampling_batch_size": 64}),
+    (
+        "--dynamic-sampling-filter-path "
+        "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        {"dynamic_sampling_filter_path": "trainer.sampling_filters.check_reward_nonzero_std"},
+    ),
+    ("--rollout-stop-token-ids 151643 151645", {"rollout_stop_token_ids": [151643, 151645]}),
+    (
+        """--apply-chat-template-kwargs '{"enable_thinking": false}'""",
+        {"apply_chat_template_kwargs": {"enable_thinking": False}},
+    ),
+    (
+        "--custom-rm-path examples.math.reward.score",
+        {"custom_rm_path": "examples.math.reward.score"},
+    ),
+    ("--num-steps-per-rollout 2", {"num_steps_per_rollout": 2, "global_batch_size": 8}),
+    ("--kl-coef 0.00", {"kl_coef": 0.0}),
+    ("--ref-load /root/Qwen3-4B_torch_dist", {"ref_load": "/root/Qwen3-4B_torch_dist"}),
+    ("--calculate-per-token-loss", {"loss_agg": "token-mean"}),
+    ("--reward-key score", {"reward_key": "score"}),
+    (
+        "--use-dynamic-global-batch-size --use-dynamic-batch-size --max-tokens-per-gpu 9216",
+        {"use_dynamic_global_batch_size": True},
+    ),
+]
+
+
+@pytest.mark.parametrize(("flags", "resolved"), YARDSTICK, ids=[y[0][:40] for y in YARDSTICK])
+def test_miles_yardstick_flags_pass_validate_only(flags, resolved, capsys) -> None:
+    assert train_main([*BASE, *shlex.split(flags), "--validate-only"]) == 0
+    config = json.loads(capsys.readouterr().out)
+    assert {key: config[key] for key in resolved} == resolved
+
+
+def test_new_options_are_off_by_default() -> None:
+    args = parse_args(BASE)
+    assert (args.use_tis, args.eps_clip_c, args.dynamic_sampling_filter_path) == (False, None, None)
+    assert (args.custom_rm_path, args.reward_key, args.rollout_stop_token_ids) == (None, None, None)
+    assert args.apply_chat_template_kwargs == {} and args.advantage_estimator == "grpo"
+    assert args.over_sampling_batch_size == args.rollout_batch_size
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--eps-clip-c 0.9", "--eps-clip-c must be > 1 (got 0.9)"),
+        ("--use-tis --tis-clip 1 --tis-clip-low 2", "--tis-clip-low (2.0) must not exceed"),
+        ("--kl-coef 0.1", "--kl-coef shapes rewards only for ppo/reinforce++ in miles"),
+        ("--num-steps-per-rollout 2 --global-batch-size 16", "is not the rollout's samples / "),
+        ("--custom-rm-path reward", "--custom-rm-path must be module.function (got reward)"),
+        ("--apply-chat-template-kwargs [1]", "--apply-chat-template-kwargs: must be a JSON object"),
+        ("--over-sampling-batch-size 2", "--over-sampling-batch-size 2 must be >= --rollout-batch"),
+        ("--use-dynamic-global-batch-size", "needs --use-dynamic-batch-size"),
+        ("--rollout-stop-token-ids 7 --rollout-backend sglang", "works with --rollout-backend hf"),
+        ("--num-layers 36", "--num-layers is a Megatron architecture flag: Bridge mode reads"),
+        ("--moe-router-topk 8", "--moe-router-topk is a Megatron architecture flag"),
+    ],
+)
+def test_bad_option_values_are_one_line_errors(flags: str, message: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)):
+        parse_args([*BASE, *shlex.split(flags)])

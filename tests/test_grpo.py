@@ -216,4 +216,58 @@ def test_config_from_args() -> None:
         loss_agg="seq-mean-token-sum",
         use_kl_loss=True,
         kl_loss_coef=0.01,
+        norm_length=256.0,
     )
+
+
+def test_dual_clip_caps_the_loss_of_a_negative_advantage() -> None:
+    # log r = 2: ratio e^2 = 7.389056; A = -1: max(7.389056, 1.28) = 7.389056, dual clip c = 3
+    # caps it: min(3, 7.389056) = 3; a positive advantage is left alone: max(-7.39, -1.28)
+    logprobs, old, mask = torch.tensor([[2.0]]), torch.tensor([[0.0]]), torch.ones(1, 1)
+    plain, _ = policy_loss(logprobs, old, torch.tensor([-1.0]), mask, 0.2, 0.28)
+    close(plain, 7.389056)
+    dual, _ = policy_loss(logprobs, old, torch.tensor([-1.0]), mask, 0.2, 0.28, eps_clip_c=3.0)
+    close(dual, 3.0)
+    positive, _ = policy_loss(logprobs, old, torch.tensor([1.0]), mask, 0.2, 0.28, eps_clip_c=3.0)
+    close(positive, -1.28)
+
+
+def test_truncated_importance_sampling_weights_the_tokens() -> None:
+    # on policy, A = +1 on 2 tokens (per-token loss -1); old - rollout = [ln 3, ln 0.5]:
+    # ratios [3, 0.5] -> weights clamp to [0, 2] = [2, 0.5]; token-mean loss -(2 + 0.5) / 2
+    logprobs = torch.tensor([[-1.0, -2.0]])
+    rollout = logprobs - torch.tensor([[math.log(3.0), math.log(0.5)]])
+    mask = torch.ones(1, 2)
+    config = GRPOConfig(loss_agg="token-mean", use_tis=True, tis_clip=2.0)
+    loss, metrics = grpo_loss(
+        logprobs, logprobs, torch.tensor([1.0]), mask, config, rollout_logprobs=rollout
+    )
+    close(loss, -1.25)
+    assert metrics["tis"] == pytest.approx(1.75) and metrics["tis_clipfrac"] == 0.5
+    low = GRPOConfig(loss_agg="token-mean", use_tis=True, tis_clip=2.0, tis_clip_low=0.8)
+    loss, _ = grpo_loss(
+        logprobs, logprobs, torch.tensor([1.0]), mask, low, rollout_logprobs=rollout
+    )
+    close(loss, -1.4)  # weights [2, 0.8]
+    with pytest.raises(ValueError, match="use_tis needs rollout_logprobs"):
+        grpo_loss(logprobs, logprobs, torch.tensor([1.0]), mask, config)
+
+
+def test_dr_grpo_divides_each_sequence_sum_by_the_budget() -> None:
+    # sequence sums 1 + 2 = 3 and 3; each / 4, mean over the 2 sequences = 0.75
+    values = torch.tensor([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    close(aggregate(values, mask, "seq-mean-token-sum-norm", norm_length=4.0), 0.75)
+
+
+def test_gspo_takes_one_ratio_per_sequence() -> None:
+    # log r per token [ln 2, 0]: GSPO ratio exp(ln 2 / 2) = 1.414214 for both tokens, clipped
+    # at 1.28 (A = +1): loss -1.28, clip fraction 1; per token: [-1.28, -1] -> -1.14
+    logprobs = torch.tensor([[math.log(2.0), 0.0]])
+    old, mask, advantage = torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([1.0])
+    loss, clip = policy_loss(logprobs, old, advantage, mask, 0.2, 0.28, sequence_ratio=True)
+    close(loss, -1.28)
+    close(clip, 1.0)
+    loss, clip = policy_loss(logprobs, old, advantage, mask, 0.2, 0.28)
+    close(loss, -1.14)
+    close(clip, 0.5)

@@ -86,6 +86,16 @@ def test_each_sample_has_its_own_seed_whatever_shares_its_batch(model_dir):
     assert [g.response_ids for g in shared] == [g.response_ids for g in alone]
 
 
+def test_stop_token_ids_end_a_response(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    free = engine.generate(PROMPTS * 4, SamplingParams(max_new_tokens=6, seed=3))
+    stop = next(t for g in free for t in g.response_ids[:-1] if t not in engine.eos_ids)
+    params = SamplingParams(max_new_tokens=6, seed=3, stop_token_ids=(stop,))
+    stopped = engine.generate(PROMPTS * 4, params)
+    assert any(g.response_ids[-1] == stop and not g.truncated for g in stopped)
+    assert all(stop not in g.response_ids[:-1] for g in stopped)
+
+
 def test_an_adapter_with_missing_tensors_is_refused(model_dir):
     from dataclasses import replace
 

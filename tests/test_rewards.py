@@ -99,3 +99,32 @@ def test_lazy_entries_import_their_module(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert "lazy_by_name" not in sys.modules
     assert get_reward("by_name")("x", "y") == 0.5
     assert get_reward("registering")("x", "y") == 0.25
+
+
+async def async_length_reward(args, sample) -> dict:
+    """A miles-style custom reward: async, (args, sample), a dict under --reward-key."""
+    return {"score": len(sample.response) / 10, "other": -1.0}
+
+
+def test_custom_reward_functions_use_miles_signature() -> None:
+    function = rewards.load_function("tests.test_rewards.async_length_reward")
+    sample = rewards.RewardSample(prompt="p", response="abcd", label="x")
+    value = rewards.call_custom_reward(function, None, sample)
+    assert value == {"score": 0.4, "other": -1.0}
+    assert rewards.reward_value(value, "score") == pytest.approx(0.4)
+    assert rewards.reward_value(1, None) == 1.0
+    with pytest.raises(ValueError, match=r"the reward is a dict \(keys: other, score\)"):
+        rewards.reward_value(value, None)
+    with pytest.raises(ValueError, match=r"cannot import tests\.test_rewards\.nope"):
+        rewards.load_function("tests.test_rewards.nope")
+
+
+def test_nonzero_std_filter_keeps_groups_whose_rewards_differ() -> None:
+    from trainer.sampling_filters import check_reward_nonzero_std, keeps
+
+    def group(*values: float) -> list:
+        return [rewards.RewardSample("p", "r", "l", reward=v) for v in values]
+
+    assert check_reward_nonzero_std(None, group(1.0, 0.0, 1.0)) is True
+    assert check_reward_nonzero_std(None, group(1.0, 1.0, 1.0)) is False
+    assert keeps(True) and not keeps(type("Out", (), {"keep": False})())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import re
 import sys
@@ -25,7 +26,46 @@ SGLANG_PREFIX = "--sglang-"
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+([eE][-+]?\d+)?$|^-\d+[eE][-+]?\d+$")
 _SECRET_NAME = re.compile(r"key|token|secret|password", re.IGNORECASE)
 _REDACTED = "<redacted>"
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+MILES_NONZERO_STD_FILTER = (
+    "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+)
+# Megatron model-architecture flags of miles' launchers: Bridge mode reads them from the HF config.
+_MEGATRON_ARCHITECTURE = frozenset(
+    [
+        "--num-layers",
+        "--hidden-size",
+        "--ffn-hidden-size",
+        "--num-attention-heads",
+        "--group-query-attention",
+        "--num-query-groups",
+        "--kv-channels",
+        "--max-position-embeddings",
+        "--position-embedding-type",
+        "--rotary-base",
+        "--rotary-percent",
+        "--rotary-scaling-factor",
+        "--normalization",
+        "--norm-epsilon",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--vocab-size",
+        "--make-vocab-size-divisible-by",
+        "--disable-bias-linear",
+        "--add-qkv-bias",
+        "--qk-layernorm",
+        "--use-rotary-position-embeddings",
+        "--seq-length",
+        "--multi-latent-attention",
+        "--q-lora-rank",
+        "--kv-lora-rank",
+        "--qk-head-dim",
+        "--qk-pos-emb-head-dim",
+        "--v-head-dim",
+        "--num-experts",
+        "--spec",
+    ]
+)
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 
 
@@ -67,9 +107,36 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--input-key", default="prompt")
     g.add_argument("--label-key", default="label")
     g.add_argument("--apply-chat-template", action="store_true")
+    g.add_argument(
+        "--apply-chat-template-kwargs",
+        type=_json_object,
+        default={},
+        help="JSON object for the chat template, e.g. '{\"enable_thinking\": false}'",
+    )
     g.add_argument("--rollout-shuffle", action="store_true")
     g.add_argument("--num-epoch", type=int, help="epochs to train when --num-rollout is unset")
     g.add_argument("--rm-type", choices=reward_names(), default="math")
+    g.add_argument(
+        "--custom-rm-path",
+        help="module.function called as fn(args, sample) -> reward (may be async), as in miles",
+    )
+    g.add_argument("--reward-key", help="the key of the reward in a reward function's dict")
+    g.add_argument(
+        "--over-sampling-batch-size",
+        type=int,
+        help="prompts per generation round with dynamic sampling (default --rollout-batch-size)",
+    )
+    g.add_argument(
+        "--dynamic-sampling-filter-path",
+        help="module.function(args, group) -> keep?; miles' check_reward_nonzero_std path works",
+    )
+    g.add_argument(
+        "--rollout-stop-token-ids",
+        type=int,
+        nargs="+",
+        metavar="ID",
+        help="token ids that end a response, besides EOS (hf rollout backend)",
+    )
     g.add_argument("--num-rollout", type=int, help="rollout (= optimizer update) count")
     g.add_argument("--rollout-batch-size", type=int, default=4, help="prompts per rollout")
     g.add_argument("--n-samples-per-prompt", type=int, default=4, help="GRPO group size")
@@ -79,6 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-top-p", type=float, default=1.0)
     g.add_argument("--rollout-top-k", type=int, default=-1, help="-1 disables top-k")
     g.add_argument("--global-batch-size", type=int, help="samples per optimizer step")
+    g.add_argument(
+        "--num-steps-per-rollout",
+        type=int,
+        help="optimizer steps per rollout: sets --global-batch-size to the rollout's samples / N",
+    )
+    g.add_argument(
+        "--use-dynamic-global-batch-size",
+        action="store_true",
+        help="train each rollout's samples in one optimizer step (needs --use-dynamic-batch-size)",
+    )
     g.add_argument("--micro-batch-size", type=int, default=1)
     g.add_argument("--balance-data", action="store_true")
 
@@ -103,7 +180,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--clip-grad", type=float, default=1.0, help="max grad norm; 0 disables")
 
     g = p.add_argument_group("GRPO")
-    g.add_argument("--advantage-estimator", choices=("grpo",), default="grpo")
+    g.add_argument(
+        "--advantage-estimator",
+        choices=("grpo", "gspo"),
+        default="grpo",
+        help="gspo: GRPO advantages with one (sequence-level) ratio per response",
+    )
+    g.add_argument(
+        "--ref-load",
+        help="reference checkpoint; with LoRA the reference is --hf-checkpoint without the adapter",
+    )
+    g.add_argument(
+        "--kl-coef",
+        type=float,
+        default=0.0,
+        help="reward-shaping KL (miles: ppo/reinforce++ only; no effect with grpo, so must be 0)",
+    )
     g.add_argument(
         "--disable-grpo-std-normalization",
         dest="grpo_std_normalization",
@@ -121,6 +213,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--entropy-coef", type=float, default=0.0)
     g.add_argument("--eps-clip", type=float, default=0.2)
     g.add_argument("--eps-clip-high", type=float, help="upper clip; defaults to --eps-clip")
+    g.add_argument(
+        "--eps-clip-c", type=float, help="dual-clip PPO: cap a negative advantage's loss (> 1)"
+    )
+    g.add_argument(
+        "--use-tis",
+        action="store_true",
+        help="truncated importance sampling against the rollout engine's log-probs",
+    )
+    g.add_argument("--tis-clip", type=float, default=2.0, help="upper bound of the TIS weight")
+    g.add_argument("--tis-clip-low", type=float, default=0.0, help="lower bound of the TIS weight")
     g.add_argument(
         "--calculate-per-token-loss",
         action="store_true",
@@ -274,6 +376,16 @@ def resolve_dtype(args: argparse.Namespace, device: str) -> str:
     return "fp32" if device == "cpu" else "bf16"
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError("must be a JSON object") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def _split(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
@@ -340,6 +452,11 @@ def _values_taken(nargs: Any, argv: list[str], start: int, *, has_inline: bool) 
 def _unknown_flag_message(name: str, actions: dict[str, argparse.Action]) -> str:
     if name == "--wandb-key":
         return "--wandb-key is not accepted: put WANDB_API_KEY in the job's environment instead"
+    if name in _MEGATRON_ARCHITECTURE or name.startswith("--moe-"):
+        return (
+            f"{name} is a Megatron architecture flag: Bridge mode reads the architecture from "
+            "the HF config of --hf-checkpoint; drop it"
+        )
     close = difflib.get_close_matches(name, [a for a in actions if a.startswith("--")], n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     return f"unrecognized argument {name}{hint}"
@@ -358,8 +475,15 @@ def _resolve(args: argparse.Namespace) -> None:
         args.rollout_num_gpus = (
             actor_num_gpus(args) if args.colocate else args.rollout_num_gpus_per_engine
         )
+    samples = args.rollout_batch_size * args.n_samples_per_prompt
+    if args.global_batch_size is None and args.num_steps_per_rollout:
+        args.global_batch_size = samples // args.num_steps_per_rollout
     if args.global_batch_size is None:
-        args.global_batch_size = args.rollout_batch_size * args.n_samples_per_prompt
+        args.global_batch_size = samples
+    if args.over_sampling_batch_size is None:
+        args.over_sampling_batch_size = args.rollout_batch_size
+    if args.dynamic_sampling_filter_path == MILES_NONZERO_STD_FILTER:
+        args.dynamic_sampling_filter_path = "trainer.sampling_filters.check_reward_nonzero_std"
     if args.num_rollout is None and args.num_epoch is None:
         args.num_epoch = 1
     if args.eval_max_response_len is None:
@@ -431,6 +555,41 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
             f"--sglang-mem-fraction-static must be in (0, 1) "
             f"(got {args.sglang_mem_fraction_static})"
         )
+    yield from positive("num_steps_per_rollout", "over_sampling_batch_size", "tis_clip")
+    yield from non_negative("tis_clip_low")
+    if args.num_steps_per_rollout and (
+        args.global_batch_size * args.num_steps_per_rollout
+        != args.rollout_batch_size * args.n_samples_per_prompt
+    ):
+        yield (
+            f"--global-batch-size {args.global_batch_size} is not the rollout's samples / "
+            f"--num-steps-per-rollout {args.num_steps_per_rollout}"
+        )
+    if args.use_dynamic_global_batch_size:
+        if not args.use_dynamic_batch_size:
+            yield "--use-dynamic-global-batch-size needs --use-dynamic-batch-size"
+        if args.global_batch_size != args.rollout_batch_size * args.n_samples_per_prompt:
+            yield "--use-dynamic-global-batch-size trains a rollout in one optimizer step"
+    if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
+        yield f"--eps-clip-c must be > 1 (got {args.eps_clip_c})"
+    if args.use_tis and args.tis_clip_low > args.tis_clip:
+        yield f"--tis-clip-low ({args.tis_clip_low}) must not exceed --tis-clip ({args.tis_clip})"
+    if args.kl_coef != 0:
+        yield (
+            "--kl-coef shapes rewards only for ppo/reinforce++ in miles and has no effect with "
+            f"--advantage-estimator {args.advantage_estimator}: use --use-kl-loss --kl-loss-coef"
+        )
+    for name in ("custom_rm_path", "dynamic_sampling_filter_path"):
+        value = getattr(args, name)
+        if value is not None and not re.fullmatch(r"[\w.]+\.\w+", value):
+            yield f"--{name.replace('_', '-')} must be module.function (got {value})"
+    if args.over_sampling_batch_size < args.rollout_batch_size:
+        yield (
+            f"--over-sampling-batch-size {args.over_sampling_batch_size} must be >= "
+            f"--rollout-batch-size {args.rollout_batch_size}"
+        )
+    if args.rollout_backend != "hf" and args.rollout_stop_token_ids:
+        yield "--rollout-stop-token-ids works with --rollout-backend hf for now"
     if args.lora_dropout > 0:
         yield (
             f"--lora-dropout {args.lora_dropout} is refused: old log-probs come without dropout "

@@ -11,8 +11,12 @@ choices); the imported module may instead register the name itself.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import importlib
+import inspect
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 RewardFn = Callable[[str, Any], float]
@@ -49,6 +53,48 @@ def get_reward(name: str) -> RewardFn:
         return _REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown reward {name!r}; known: {', '.join(reward_names())}") from None
+
+
+@dataclass
+class RewardSample:
+    """What a ``--custom-rm-path`` function (miles' signature ``fn(args, sample)``) and a
+    dynamic-sampling filter read; `reward` is set once graded."""
+
+    prompt: str
+    response: str
+    label: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+    reward: Any = None
+
+
+def load_function(path: str) -> Callable[..., Any]:
+    """``module.function`` (as miles' ``load_function``) imported; bad paths raise ValueError."""
+    module, _, name = path.rpartition(".")
+    try:
+        function = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"cannot import {path}: {err}") from None
+    if not callable(function):
+        raise ValueError(f"{path} is not callable")
+    return function
+
+
+def call_custom_reward(
+    function: Callable[..., Any], args: argparse.Namespace, sample: RewardSample
+) -> Any:
+    """``function(args, sample)``, awaited when it is a coroutine function (as miles allows)."""
+    result = function(args, sample)
+    return asyncio.run(result) if inspect.isawaitable(result) else result
+
+
+def reward_value(value: Any, reward_key: str | None) -> float:
+    """A reward as a float; a dict reward is read under ``--reward-key`` (as miles)."""
+    if isinstance(value, dict):
+        if reward_key is None or reward_key not in value:
+            keys = ", ".join(sorted(map(str, value)))
+            raise ValueError(f"the reward is a dict (keys: {keys}); --reward-key names which one")
+        value = value[reward_key]
+    return float(value)
 
 
 def strip_thinking(response: str) -> str | None:

@@ -25,6 +25,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()  # end a response, besides the model's EOS
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ class HFRolloutEngine:
         config = GenerationConfig(
             do_sample=False,  # sampling happens in _PerRowSampler
             max_new_tokens=params.max_new_tokens,
-            eos_token_id=sorted(self.eos_ids),
+            eos_token_id=sorted(self.eos_ids | set(params.stop_token_ids)),
             pad_token_id=self.pad_id,
         )
         with torch.no_grad():
@@ -163,7 +163,8 @@ class HFRolloutEngine:
         logprobs: list[float],
         params: SamplingParams,
     ) -> Generation:
-        end = next((i + 1 for i, token in enumerate(tokens) if token in self.eos_ids), None)
+        stops = self.eos_ids | set(params.stop_token_ids)
+        end = next((i + 1 for i, token in enumerate(tokens) if token in stops), None)
         length = end if end is not None else len(tokens)
         return Generation(
             prompt_ids=tuple(prompt),
