@@ -327,6 +327,7 @@ def test_new_options_are_off_by_default() -> None:
     assert (args.custom_rm_path, args.reward_key, args.rollout_stop_token_ids) == (None, None, None)
     assert args.apply_chat_template_kwargs == {} and args.advantage_estimator == "grpo"
     assert args.over_sampling_batch_size == args.rollout_batch_size
+    assert (args.overlong_filter, args.overlong_buffer_len) == (False, None)
 
 
 @pytest.mark.parametrize(
@@ -341,6 +342,7 @@ def test_new_options_are_off_by_default() -> None:
         ("--over-sampling-batch-size 2", "--over-sampling-batch-size 2 must be >= --rollout-batch"),
         ("--use-dynamic-global-batch-size", "needs --use-dynamic-batch-size"),
         ("--rollout-stop-token-ids 7 --rollout-backend sglang", "works with --rollout-backend hf"),
+        ("--overlong-buffer-len 0", "--overlong-buffer-len must be in (0, --rollout-max-response"),
         ("--num-layers 36", "--num-layers is a Megatron architecture flag: Bridge mode reads"),
         ("--moe-router-topk 8", "--moe-router-topk is a Megatron architecture flag"),
     ],

@@ -16,6 +16,7 @@ from trainer.grpo import (
     group_advantages,
     grpo_loss,
     kl_penalty,
+    overlong_penalty,
     policy_loss,
     whiten,
 )
@@ -271,3 +272,9 @@ def test_gspo_takes_one_ratio_per_sequence() -> None:
     loss, clip = policy_loss(logprobs, old, advantage, mask, 0.2, 0.28)
     close(loss, -1.14)
     close(clip, 0.5)
+
+
+def test_soft_overlong_penalty() -> None:
+    # limit 10, buffer 4: no penalty up to 6 tokens, then (len - 6) / 4 of the factor 0.5
+    lengths = torch.tensor([5, 6, 7, 8, 10])
+    close(overlong_penalty(lengths, 10, 4, 0.5), [0.0, 0.0, -0.125, -0.25, -0.5])

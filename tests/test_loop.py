@@ -134,6 +134,12 @@ def test_pack_aligns_response_tokens_with_the_shifted_sequence():
     assert batch.advantages.tolist() == [[0, 0, 1.5, 1.5], [-1, -1, -1, 0]]
 
 
+def test_pack_drops_truncated_responses_from_the_loss_when_asked():
+    gens = [generation([5], [8, 9], truncated=True), generation([5], [8, 2])]
+    assert pack(gens, [1.0, 1.0], 0).loss_mask.tolist() == [[1, 1], [1, 1]]
+    assert pack(gens, [1.0, 1.0], 0, drop_truncated=True).loss_mask.tolist() == [[0, 0], [1, 1]]
+
+
 def test_schedule_splits_steps_ranks_and_micro_batches():
     plan = schedule([3] * 8, global_batch=4, world_size=2, micro_batch=1)
     assert plan == [[[[0], [1]], [[2], [3]]], [[[4], [5]], [[6], [7]]]]
@@ -310,6 +316,10 @@ OPTIONS = {
     ),
     "steps per rollout": (["--num-steps-per-rollout", "4", "--global-batch-size", "4"], set()),
     "stop ids": (["--rollout-stop-token-ids", "8"], set()),
+    "overlong": (
+        ["--overlong-filter", "--overlong-buffer-len", "2", "--overlong-penalty-factor", "0.5"],
+        {"rollout/overlong_penalty_mean"},
+    ),
     "custom reward": (
         ["--custom-rm-path", "tests.test_loop.length_reward", "--reward-key", "score"],
         set(),

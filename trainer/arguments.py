@@ -131,6 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="module.function(args, group) -> keep?; miles' check_reward_nonzero_std path works",
     )
     g.add_argument(
+        "--overlong-filter",
+        action="store_true",
+        help="DAPO: truncated responses (no EOS within the length limit) count in no loss",
+    )
+    g.add_argument(
+        "--overlong-buffer-len",
+        type=int,
+        help="DAPO soft overlong penalty: tokens before --rollout-max-response-len where it starts",
+    )
+    g.add_argument(
+        "--overlong-penalty-factor",
+        type=float,
+        default=1.0,
+        help="the reward penalty at --rollout-max-response-len (with --overlong-buffer-len)",
+    )
+    g.add_argument(
         "--rollout-stop-token-ids",
         type=int,
         nargs="+",
@@ -556,7 +572,14 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
             f"(got {args.sglang_mem_fraction_static})"
         )
     yield from positive("num_steps_per_rollout", "over_sampling_batch_size", "tis_clip")
-    yield from non_negative("tis_clip_low")
+    yield from non_negative("tis_clip_low", "overlong_penalty_factor")
+    if args.overlong_buffer_len is not None and not (
+        0 < args.overlong_buffer_len <= args.rollout_max_response_len
+    ):
+        yield (
+            f"--overlong-buffer-len must be in (0, --rollout-max-response-len "
+            f"{args.rollout_max_response_len}] (got {args.overlong_buffer_len})"
+        )
     if args.num_steps_per_rollout and (
         args.global_batch_size * args.num_steps_per_rollout
         != args.rollout_batch_size * args.n_samples_per_prompt

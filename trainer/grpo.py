@@ -50,6 +50,15 @@ def whiten(values: torch.Tensor, weights: torch.Tensor, eps: float = 1e-8) -> to
     return (values - mean) * torch.rsqrt(variance + eps)
 
 
+def overlong_penalty(
+    lengths: torch.Tensor, max_len: int, buffer_len: int, factor: float
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment, added to the reward: 0 up to ``max_len - buffer_len``
+    tokens, then falling linearly to ``-factor`` at `max_len`."""
+    excess = lengths.float() - (max_len - buffer_len)
+    return -factor * torch.clamp(excess / buffer_len, 0.0, 1.0)
+
+
 @dataclass(frozen=True)
 class Normalizer:
     """Denominators of one optimizer step: response tokens, and sequences with any token.

@@ -37,7 +37,14 @@ from trainer.backends.base import (
 )
 from trainer.backends.colocate import Colocation
 from trainer.data import RolloutDataSource, Sample, num_rollouts_for_epochs
-from trainer.grpo import GRPOConfig, Normalizer, group_advantages, grpo_loss, whiten
+from trainer.grpo import (
+    GRPOConfig,
+    Normalizer,
+    group_advantages,
+    grpo_loss,
+    overlong_penalty,
+    whiten,
+)
 from trainer.metrics import MetricsLogger
 from trainer.rewards import (
     RewardSample,
@@ -104,8 +111,14 @@ class GRPOLoss:
         )
 
 
-def pack(generations: Sequence[Generation], advantages: Sequence[float], pad_id: int) -> TrainBatch:
-    """Right-padded prompt+response rows; per-token tensors align with ``input_ids[:, 1:]``."""
+def pack(
+    generations: Sequence[Generation],
+    advantages: Sequence[float],
+    pad_id: int,
+    drop_truncated: bool = False,
+) -> TrainBatch:
+    """Right-padded prompt+response rows; per-token tensors align with ``input_ids[:, 1:]``.
+    With `drop_truncated` (DAPO overlong filtering) a truncated response has no loss tokens."""
     width = max(len(g.prompt_ids) + len(g.response_ids) for g in generations)
     rows = len(generations)
     input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
@@ -118,7 +131,8 @@ def pack(generations: Sequence[Generation], advantages: Sequence[float], pad_id:
             [*g.prompt_ids, *g.response_ids], dtype=torch.long
         )
         attention_mask[row, : prompt + response] = 1
-        loss_mask[row, prompt - 1 : prompt - 1 + response] = 1.0
+        if not (drop_truncated and g.truncated):
+            loss_mask[row, prompt - 1 : prompt - 1 + response] = 1.0
         rollout_logprobs[row, prompt - 1 : prompt - 1 + response] = torch.tensor(
             g.response_logprobs, dtype=torch.float32
         )
@@ -278,6 +292,16 @@ class GRPOLoop:
             generations, rewards, sampling = self.collect(rollout_id, timer)
             metrics = rollout_metrics(generations, rewards, self.args.n_samples_per_prompt)
             metrics.update(sampling)
+            if self.args.overlong_buffer_len:
+                lengths = torch.tensor([len(g.response_ids) for g in generations])
+                penalty = overlong_penalty(
+                    lengths,
+                    self.args.rollout_max_response_len,
+                    self.args.overlong_buffer_len,
+                    self.args.overlong_penalty_factor,
+                )
+                rewards = rewards + penalty
+                metrics["rollout/overlong_penalty_mean"] = float(penalty.mean())
             advantages = group_advantages(
                 rewards, self.args.n_samples_per_prompt, self.args.grpo_std_normalization
             )
@@ -440,7 +464,12 @@ class GRPOLoop:
         return [
             [
                 [
-                    pack([generations[i] for i in mb], advantages[mb].tolist(), self.pad_id)
+                    pack(
+                        [generations[i] for i in mb],
+                        advantages[mb].tolist(),
+                        self.pad_id,
+                        drop_truncated=self.args.overlong_filter,
+                    )
                     for mb in rank
                 ]
                 for rank in step
