@@ -315,7 +315,7 @@ OPTIONS = {
         {"rollout/dynamic_sampling_rounds", "rollout/dynamic_sampling_dropped"},
     ),
     "steps per rollout": (["--num-steps-per-rollout", "4", "--global-batch-size", "4"], set()),
-    "stop ids": (["--rollout-stop-token-ids", "8"], set()),
+    "stops": (["--rollout-stop-token-ids", "8", "--rollout-stop", "blue"], set()),
     "overlong": (
         ["--overlong-filter", "--overlong-buffer-len", "2", "--overlong-penalty-factor", "0.5"],
         {"rollout/overlong_penalty_mean"},

@@ -96,6 +96,18 @@ def test_stop_token_ids_end_a_response(model_dir):
     assert all(stop not in g.response_ids[:-1] for g in stopped)
 
 
+def test_stop_strings_end_a_response_after_the_first_one(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    tokenizer = engine.tokenizer()
+    params = SamplingParams(max_new_tokens=6, seed=3, stop=("red",))
+    generations = engine.generate(PROMPTS * 8, params)
+    texts = [tokenizer.decode(g.response_ids) for g in generations]
+    stopped = [t for t in texts if "red" in t]
+    assert stopped and all(t.endswith("red") and t.count("red") == 1 for t in stopped)
+    assert not any(g.truncated for g, t in zip(generations, texts, strict=True) if "red" in t)
+    assert all(len(g.response_logprobs) == len(g.response_ids) for g in generations)
+
+
 def test_an_adapter_with_missing_tensors_is_refused(model_dir):
     from dataclasses import replace
 

@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the reward penalty at --rollout-max-response-len (with --overlong-buffer-len)",
     )
     g.add_argument(
+        "--rollout-stop",
+        nargs="+",
+        metavar="TEXT",
+        help="stop strings: a response ends with the first one it produces (hf rollout backend)",
+    )
+    g.add_argument(
         "--rollout-stop-token-ids",
         type=int,
         nargs="+",
@@ -611,8 +617,8 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
             f"--over-sampling-batch-size {args.over_sampling_batch_size} must be >= "
             f"--rollout-batch-size {args.rollout_batch_size}"
         )
-    if args.rollout_backend != "hf" and args.rollout_stop_token_ids:
-        yield "--rollout-stop-token-ids works with --rollout-backend hf for now"
+    if args.rollout_backend != "hf" and (args.rollout_stop or args.rollout_stop_token_ids):
+        yield "--rollout-stop and --rollout-stop-token-ids work with --rollout-backend hf for now"
     if args.lora_dropout > 0:
         yield (
             f"--lora-dropout {args.lora_dropout} is refused: old log-probs come without dropout "

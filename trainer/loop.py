@@ -407,6 +407,7 @@ class GRPOLoop:
             top_k=args.rollout_top_k,
             seed=args.seed * 2**20 + salt + rollout_id + (attempt << 44),
             stop_token_ids=tuple(args.rollout_stop_token_ids or ()),
+            stop=tuple(args.rollout_stop or ()),
         )
         prompts = [self.prompt_ids(s) for s in samples for _ in range(n)]
         return self.engines.generate(prompts, params)

@@ -26,6 +26,7 @@ class SamplingParams:
     top_k: int = -1
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()  # end a response, besides the model's EOS
+    stop: tuple[str, ...] = ()  # stop strings: a response ends with the first one it produces
 
 
 @dataclass(frozen=True)

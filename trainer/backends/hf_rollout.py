@@ -93,6 +93,35 @@ class _PerRowSampler:
         return torch.full_like(scores, float("-inf")).scatter_(1, tokens, 0.0)
 
 
+class _StopStrings:
+    """A stopping criterion: a row is done once the text of its last new tokens (as many as the
+    longest stop string has characters) contains a stop string; remembers after how many new
+    tokens each row first stopped (rows that stopped are padded from then on)."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str], prompt_width: int) -> None:
+        self.tokenizer = tokenizer
+        self.stops = tuple(stops)
+        self.tail = max(len(stop) for stop in self.stops)
+        self.prompt_width = prompt_width
+        self.ends: dict[int, int] = {}
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        produced = input_ids.shape[1] - self.prompt_width
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for row in range(input_ids.shape[0]):
+            if row in self.ends:
+                done[row] = True
+                continue
+            tail = input_ids[row, max(self.prompt_width, input_ids.shape[1] - self.tail) :]
+            text = self.tokenizer.decode(tail.tolist(), skip_special_tokens=True)
+            if any(stop in text for stop in self.stops):
+                self.ends[row] = produced
+                done[row] = True
+        return done
+
+
 class HFRolloutEngine:
     """A transformers causal LM that samples responses; LoRA adapters arrive in memory."""
 
@@ -113,13 +142,15 @@ class HFRolloutEngine:
         self.model.generation_config = GenerationConfig(
             eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id
         )
+        self.model_path = model_path
         self.adapter_version: int | None = None
+        self._tokenizer: Any = None
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
         import torch
-        from transformers import GenerationConfig, LogitsProcessorList
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         if not prompts:
             return []
@@ -141,20 +172,33 @@ class HFRolloutEngine:
             eos_token_id=sorted(self.eos_ids | set(params.stop_token_ids)),
             pad_token_id=self.pad_id,
         )
+        stop_strings = _StopStrings(self.tokenizer(), params.stop, width) if params.stop else None
         with torch.no_grad():
             sequences = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
                 logits_processor=LogitsProcessorList(processors),
+                stopping_criteria=StoppingCriteriaList([stop_strings] if stop_strings else []),
             )
         new_tokens = sequences[:, width:]
         logprobs = recorder.finish(new_tokens).cpu()
         new_tokens = new_tokens.cpu()
+        ends = stop_strings.ends if stop_strings else {}
         return [
-            self._generation(prompt, new_tokens[row].tolist(), logprobs[row].tolist(), params)
+            self._generation(
+                prompt, new_tokens[row].tolist(), logprobs[row].tolist(), params, ends.get(row)
+            )
             for row, prompt in enumerate(prompts)
         ]
+
+    def tokenizer(self) -> Any:
+        """The checkpoint's tokenizer, loaded on first use (stop strings need it)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
 
     def _generation(
         self,
@@ -162,9 +206,12 @@ class HFRolloutEngine:
         tokens: list[int],
         logprobs: list[float],
         params: SamplingParams,
+        stop_string_end: int | None = None,
     ) -> Generation:
         stops = self.eos_ids | set(params.stop_token_ids)
         end = next((i + 1 for i, token in enumerate(tokens) if token in stops), None)
+        if stop_string_end is not None:
+            end = stop_string_end if end is None else min(end, stop_string_end)
         length = end if end is not None else len(tokens)
         return Generation(
             prompt_ids=tuple(prompt),
