@@ -204,6 +204,24 @@ def test_miles_advantage_flags_keep_their_miles_meaning() -> None:
         parse_args([*BASE, "--no-normalize-advantages"])
 
 
+def test_validate_only_shows_the_miles_meanings_of_a_miles_argv(capsys) -> None:
+    miles = [
+        "--normalize-advantages",
+        "--disable-grpo-std-normalization",
+        "--eps-clip-high",
+        "0.28",
+    ]
+    assert train_main([*BASE, *miles, "--use-tis", "--eps-clip-c", "3", "--validate-only"]) == 0
+    meanings = json.loads(capsys.readouterr().out)["meanings"]
+    assert meanings == {
+        "advantage": "reward - group mean, then whitened over all response tokens of the rollout",
+        "loss_aggregation": "seq-mean-token-mean",
+        "kl": "k1 estimator, logged only",
+        "policy_loss": "PPO ratio per token clipped to [0.8, 1.28], dual clip 3, "
+        "TIS weights in [0, 2]",
+    }
+
+
 def test_a_group_of_one_has_no_std_normalisation() -> None:
     assert parse_args([*BASE, "--n-samples-per-prompt", "1"]).grpo_std_normalization is False
 

@@ -354,7 +354,18 @@ def algorithm_meanings(args: argparse.Namespace) -> dict[str, str]:
         advantage += ", then whitened over all response tokens of the rollout"
     kl = f"{args.kl_loss_type} estimator, "
     kl += f"in the loss x {args.kl_loss_coef}" if args.use_kl_loss else "logged only"
-    return {"advantage": advantage, "loss_aggregation": args.loss_agg, "kl": kl}
+    ratio = "one per response (GSPO)" if args.advantage_estimator == "gspo" else "per token"
+    policy = f"PPO ratio {ratio} clipped to [{1 - args.eps_clip:g}, {1 + args.eps_clip_high:g}]"
+    if args.eps_clip_c is not None:
+        policy += f", dual clip {args.eps_clip_c:g}"
+    if args.use_tis:
+        policy += f", TIS weights in [{args.tis_clip_low:g}, {args.tis_clip:g}]"
+    return {
+        "advantage": advantage,
+        "loss_aggregation": args.loss_agg,
+        "kl": kl,
+        "policy_loss": policy,
+    }
 
 
 def target_modules(args: argparse.Namespace) -> str | list[str]:
