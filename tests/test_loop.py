@@ -148,6 +148,12 @@ def test_pack_aligns_response_tokens_with_the_shifted_sequence():
     assert batch.advantages.tolist() == [[0, 0, 1.5, 1.5], [-1, -1, -1, 0]]
 
 
+def test_pack_drops_truncated_responses_from_the_loss_when_asked():
+    gens = [generation([5], [8, 9], truncated=True), generation([5], [8, 2])]
+    assert pack(gens, [1.0, 1.0], 0).loss_mask.tolist() == [[1, 1], [1, 1]]
+    assert pack(gens, [1.0, 1.0], 0, drop_truncated=True).loss_mask.tolist() == [[0, 0], [1, 1]]
+
+
 def test_schedule_splits_steps_ranks_and_micro_batches():
     plan = schedule([3] * 8, global_batch=4, world_size=2, micro_batch=1)
     assert plan == [[[[0], [1]], [[2], [3]]], [[[4], [5]], [[6], [7]]]]
@@ -321,3 +327,64 @@ def test_validate_only_prints_the_config_and_imports_nothing_heavy(tmp_path):
     config_text, _, tail = done.stdout.rpartition("HEAVY")
     assert tail.strip() == "[] 0"
     assert json.loads(config_text)["hf_checkpoint"] == "m"
+
+
+def length_reward(args, sample) -> dict:
+    """A miles-style custom reward for the options test: (args, sample) -> dict."""
+    return {"score": float(len(sample.response.split()) == 1)}
+
+
+MILES_FILTER = "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+OPTIONS = {
+    "defaults": ([], set()),
+    "tis": (["--use-tis", "--tis-clip", "1.5", "--tis-clip-low", "0.5"], {"train/tis"}),
+    "dual clip": (["--eps-clip-c", "3"], set()),
+    "dr.grpo": (
+        ["--loss-agg", "seq-mean-token-sum-norm", "--disable-grpo-std-normalization"],
+        set(),
+    ),
+    "gspo": (["--advantage-estimator", "gspo"], set()),
+    "whitened": (["--normalize-advantages", "--calculate-per-token-loss"], set()),
+    "dynamic sampling": (
+        ["--over-sampling-batch-size", "8", "--dynamic-sampling-filter-path", MILES_FILTER],
+        {"rollout/dynamic_sampling_rounds", "rollout/dynamic_sampling_dropped"},
+    ),
+    "steps per rollout": (["--num-steps-per-rollout", "4", "--global-batch-size", "4"], set()),
+    "stops": (["--rollout-stop-token-ids", "8", "--rollout-stop", "blue"], set()),
+    "overlong": (
+        ["--overlong-filter", "--overlong-buffer-len", "2", "--overlong-penalty-factor", "0.5"],
+        {"rollout/overlong_penalty_mean"},
+    ),
+    "custom reward": (
+        ["--custom-rm-path", "tests.test_loop.length_reward", "--reward-key", "score"],
+        set(),
+    ),
+    "chat kwargs and miles no-ops": (
+        [
+            "--apply-chat-template-kwargs",
+            '{"enable_thinking": false}',
+            "--kl-coef",
+            "0",
+            "--ref-load",
+            "/ref",
+        ],
+        set(),
+    ),
+}
+OPTIONAL_KEYS = {key for _, keys in OPTIONS.values() for key in keys}
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_each_option_trains_the_tiny_recipe(tiny_dirs, tmp_path, name):
+    model, data = tiny_dirs
+    extra, keys = OPTIONS[name]
+    loop, _ = make_loop(recipe_argv(model, data, tmp_path, "--num-rollout", "2", *extra))
+    loop.run()
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert [r["step"] for r in records] == [0, 1]
+    for record in records:
+        assert keys <= record.keys() and not (OPTIONAL_KEYS - keys) & record.keys()
+        for key in ("train/pg_loss", "train/grad_norm", "rollout/reward_mean"):
+            assert torch.isfinite(torch.tensor(record[key])), (key, record[key])
+        if record.get("rollout/dynamic_sampling_rounds", 32) < 32:  # kept groups all vary
+            assert record["rollout/zero_std_group_ratio"] == 0.0

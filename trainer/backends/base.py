@@ -36,6 +36,8 @@ class SamplingParams:
     top_k: int = -1
     seed: int | None = None
     first_request: int = 0
+    stop_token_ids: tuple[int, ...] = ()  # end a response, besides the model's EOS
+    stop: tuple[str, ...] = ()  # stop strings: a response ends with the first one it produces
 
     def request_seed(self, index: int) -> int | None:
         if self.seed is None:
