@@ -360,11 +360,6 @@ def test_new_options_are_off_by_default() -> None:
         ("--apply-chat-template-kwargs [1]", "--apply-chat-template-kwargs: must be a JSON object"),
         ("--over-sampling-batch-size 2", "--over-sampling-batch-size 2 must be >= --rollout-batch"),
         ("--use-dynamic-global-batch-size", "needs --use-dynamic-batch-size"),
-        ("--rollout-stop-token-ids 7 --rollout-backend sglang", "work with --rollout-backend hf"),
-        (
-            "--rollout-stop x --rollout-backend sglang",
-            "--rollout-stop and --rollout-stop-token-ids",
-        ),
         ("--overlong-buffer-len 0", "--overlong-buffer-len must be in (0, --rollout-max-response"),
         ("--num-layers 36", "--num-layers is a Megatron architecture flag: Bridge mode reads"),
         ("--moe-router-topk 8", "--moe-router-topk is a Megatron architecture flag"),

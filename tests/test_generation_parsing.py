@@ -91,6 +91,12 @@ def test_sampling_params_use_sglang_field_names() -> None:
     )
 
 
+def test_stop_strings_and_token_ids_reach_sglang() -> None:
+    params = SamplingParams(8, stop=("</answer>",), stop_token_ids=(7, 9))
+    [request] = sampling_params(params, 1)
+    assert request["stop"] == ["</answer>"] and request["stop_token_ids"] == [7, 9]
+
+
 @pytest.mark.parametrize("seed", [0, 3, 2**40])
 def test_every_request_gets_its_own_seed(seed: int) -> None:
     """Under deterministic sampling one seed per call gives the n samples of a prompt the same

@@ -652,8 +652,6 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
             f"--over-sampling-batch-size {args.over_sampling_batch_size} must be >= "
             f"--rollout-batch-size {args.rollout_batch_size}"
         )
-    if args.rollout_backend != "hf" and (args.rollout_stop or args.rollout_stop_token_ids):
-        yield "--rollout-stop and --rollout-stop-token-ids work with --rollout-backend hf for now"
     if args.lora_dropout > 0:
         yield (
             f"--lora-dropout {args.lora_dropout} is refused: old log-probs come without dropout "

@@ -33,6 +33,10 @@ def sampling_params(params: SamplingParams, count: int) -> list[dict[str, Any]]:
         "top_p": params.top_p,
         "top_k": params.top_k,
     }
+    if params.stop:
+        shared["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        shared["stop_token_ids"] = list(params.stop_token_ids)
     if params.seed is None:
         return [dict(shared) for _ in range(count)]
     return [{**shared, "sampling_seed": params.request_seed(i)} for i in range(count)]
