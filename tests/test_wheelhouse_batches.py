@@ -69,6 +69,27 @@ def test_install_into_a_target_and_through_a_stash(tmp_path, wheels, capsys):
     assert (site / "mid" / "m.bin").is_file()
 
 
+def test_a_second_wheelhouse_keeps_the_first_ones_scripts(tmp_path, capsys):
+    """pip's `--upgrade --target` replaces the whole bin folder: a node that installed Ray's
+    wheelhouse, then SGLang's, lost the `ray` command."""
+    site = tmp_path / "site"
+    for name in ("raylike", "engine"):
+        wheel = make_wheel(
+            tmp_path / f"{name}-wheels",
+            name,
+            "1.0",
+            files={
+                f"{name}/__init__.py": b"",
+                f"{name}-1.0.data/scripts/{name}-cli": b"#!python\nprint(1)\n",
+            },
+        )
+        write_batches([wheel], tmp_path / f"{name}-wh", batch_mib=1)
+        folders = batch_folders(tmp_path / f"{name}-wh")
+        assert main(["install", *map(str, folders), "--target", str(site)]) == 0
+    assert sorted(p.name for p in (site / "bin").iterdir()) == ["engine-cli", "raylike-cli"]
+    assert (site / "raylike" / "__init__.py").is_file() and (site / "engine").is_dir()
+
+
 def one_line_error(capsys, argv: list[str]) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -89,18 +89,51 @@ def assemble(manifest: dict, folders: list[Path], work: Path) -> list[Path]:
     return wheels
 
 
-def pip_install(wheels: list[Path], target: Path | None) -> None:
+# Folders of a --target that several distributions write into (console scripts, headers,
+# data): merged file by file, where pip's `--upgrade --target` would replace them whole.
+SHARED_FOLDERS = frozenset({"bin", "include", "share", "etc"})
+
+
+def pip_install(wheels: list[Path], target: Path | None, staging: Path) -> None:
     """`python -m pip install --no-index --no-deps` the wheels (and source distributions),
-    into `target` or this environment."""
+    into `target` or this environment.
+
+    A target is filled through `staging`: pip installs there, then `merge_into` moves the
+    result over, so a second wheelhouse installed into the same target keeps the first one's
+    console scripts (pip's own `--upgrade --target` replaces the whole `bin` folder).
+    """
     command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet"]
     if any(not w.name.endswith(".whl") for w in wheels):
         # source distributions build with the node's own setuptools/torch: nothing to fetch
         command.append("--no-build-isolation")
     if target is not None:
-        command += ["--upgrade", "--target", str(target)]
+        command += ["--target", str(staging)]
     command += [str(w) for w in wheels]
     if subprocess.run(command, check=False).returncode != 0:
         raise WheelhouseError(f"pip could not install the {len(wheels)} files (see above)")
+    if target is not None:
+        merge_into(staging, target)
+
+
+def merge_into(staging: Path, target: Path) -> None:
+    """Move what pip installed in `staging` into `target`: packages replace their older copies,
+    shared folders (`SHARED_FOLDERS`) gain or replace single files."""
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in staging.iterdir():
+        dest = target / entry.name
+        if entry.name in SHARED_FOLDERS and entry.is_dir() and dest.is_dir():
+            for item in entry.rglob("*"):
+                if item.is_file() or item.is_symlink():
+                    placed = dest / item.relative_to(entry)
+                    placed.parent.mkdir(parents=True, exist_ok=True)
+                    placed.unlink(missing_ok=True)
+                    shutil.move(str(item), placed)
+            continue
+        if dest.is_dir() and not dest.is_symlink():
+            shutil.rmtree(dest)
+        elif dest.exists() or dest.is_symlink():
+            dest.unlink()
+        shutil.move(str(entry), dest)
 
 
 def install(folders: list[Path], target: Path | None, stash_dir: Path | None) -> str:
@@ -123,7 +156,7 @@ def install(folders: list[Path], target: Path | None, stash_dir: Path | None) ->
     work = Path(tempfile.mkdtemp(prefix="wheelhouse-"))
     try:
         wheels = assemble(manifest, folders, work)
-        pip_install(wheels, target)
+        pip_install(wheels, target, work / "staging")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     where = str(target) if target is not None else sys.prefix
