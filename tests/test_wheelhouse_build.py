@@ -146,6 +146,7 @@ def test_keep_constraints_pin_public_versions_only():
         (["--python-version", "3.12", "--platform", "x"], "no requirements given"),
         (["--python-version", "3.12", "--platform", "x", "app>>1"], "bad requirement"),
         (["app", "--inventory", "missing.json"], "cannot read inventory"),
+        (["app", "--python-version", "3.12", "--platform", "x", "--batch-mib", "0"], "positive"),
     ],
 )
 def test_build_input_errors_are_one_line(argv, message, capsys):

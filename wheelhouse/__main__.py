@@ -129,6 +129,8 @@ def run_build(args: argparse.Namespace) -> None:
         raise WheelhouseError(
             "say which node: --inventory FILE, or --python-version and --platform"
         )
+    if args.batch_mib <= 0:
+        raise WheelhouseError("--batch-mib must be positive")
     unknown = sorted(set(args.slim) - set(PROFILES))
     if unknown:
         raise WheelhouseError(

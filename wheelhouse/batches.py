@@ -48,8 +48,6 @@ class Piece:
 def plan(sizes: dict[str, int], limit: int) -> list[list[Piece]]:
     """Batches of pieces, none over `limit` bytes: wheels larger than `limit` are split into
     parts of `limit` bytes (the last one smaller); pieces are placed first-fit, largest first."""
-    if limit <= 0:
-        raise WheelhouseError("--batch-mib must be positive")
     pieces: list[Piece] = []
     for wheel, size in sizes.items():
         if size <= limit:
