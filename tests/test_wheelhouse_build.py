@@ -135,6 +135,12 @@ def test_keep_constraints_pin_public_versions_only():
     assert keep_constraints(target, ["torch", "Flash_Attn"]) == ["torch==2.11.0"]
 
 
+def test_node_has_compares_normalised_names_and_public_versions():
+    target = Target("3.12", ("linux_x86_64",), have={"flash-attn": "2.8.0+cu130"})
+    assert target.has("Flash_Attn", "2.8.0") and target.has("flash.attn", "2.8.0.0")
+    assert not target.has("flash-attn", "2.8.1") and not target.has("flash-attn-4", "2.8.0")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
