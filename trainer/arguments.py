@@ -151,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     g.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="torch backend: recompute decoder activations in backward (Megatron: --recompute-*)",
+    )
+    g.add_argument(
         "--dtype", choices=("auto", "bf16", "fp32"), default="auto", help="auto: bf16 GPU, fp32 CPU"
     )
 
