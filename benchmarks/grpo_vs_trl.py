@@ -520,9 +520,7 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, conn: Any) -> None:
                 memory.idle()
                 conn.send(asdict(step))
             system.close()
-        allocated = (
-            torch.cuda.max_memory_allocated() if spec.device.startswith("cuda") else float("nan")
-        )
+        allocated = torch.cuda.max_memory_allocated() if spec.device.startswith("cuda") else 0
         conn.send(("memory", memory.stop(), allocated, memory.per_process))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
@@ -642,10 +640,11 @@ def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> N
     for name, r in results.items():
         s = r["summary"]
         peak = f"{r['peak'] / GIB:.2f}"
+        allocated = f"{r['allocated'] / GIB:.2f}" if cuda else "n/a"
         print(
             f"{name:<6} {len(r['times']):>5} {s['median']:>9.3f} {s['min']:>8.3f} "
             f"{s['max']:>8.3f} {s['rollout_tps']:>14.0f} {s['train_tps']:>12.0f} "
-            f"{peak:>28} {r['allocated'] / GIB:>16.2f}"
+            f"{peak:>28} {allocated:>16}"
         )
     print(f"peak memory: {where}; torch alloc: the worker process's own tensors")
     if "ours" in results and "trl" in results:
