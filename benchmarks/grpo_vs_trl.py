@@ -500,6 +500,8 @@ def run_trl(spec: Spec, steps: int, conn: Any, memory: PeakMemory) -> None:
 
 
 def worker(kind: str, spec: Spec, steps: int, baseline: int, conn: Any) -> None:
+    from trainer.arguments import UsageError
+
     try:
         import torch
 
@@ -522,6 +524,8 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, conn: Any) -> None:
             system.close()
         allocated = torch.cuda.max_memory_allocated() if spec.device.startswith("cuda") else 0
         conn.send(("memory", memory.stop(), allocated, memory.per_process))
+    except UsageError as err:  # ours' argv, e.g. a bad --ours-flags: one line
+        conn.send(("error", f"train.py flags: {err}"))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         raise
@@ -537,7 +541,14 @@ class Worker:
         self.expect("ready")
 
     def receive(self) -> Any:
-        message = self.conn.recv()
+        try:
+            message = self.conn.recv()
+        except EOFError:
+            self.process.join(timeout=30)
+            sys.exit(
+                f"grpo_vs_trl: the {self.kind} worker exited (code {self.process.exitcode}) "
+                "without a result"
+            )
         if isinstance(message, tuple) and message[0] == "error":
             self.process.join(timeout=30)
             sys.exit(f"grpo_vs_trl: the {self.kind} worker failed:\n{message[1].rstrip()}")
@@ -759,37 +770,50 @@ def main(argv: list[str] | None = None) -> None:
         build_inputs(spec, rows=spec.prompts * (total + 2))
         print(f"built model and prompts in {time.perf_counter() - started:.1f} s", flush=True)
         baseline = device_used(spec.device)
-        workers = {}
-        for kind in options.systems:  # one at a time: SGLang sizes its pool from free memory
-            started = time.perf_counter()
-            workers[kind] = Worker(kind, spec, total, baseline)
-            print(f"{kind}: ready in {time.perf_counter() - started:.1f} s", flush=True)
-        for kind, w in workers.items():
-            for index in range(options.warmup):
-                t = w.step()
-                print(f"{kind} warm-up {index + 1}: {t.step_s:.2f} s", flush=True)
-        times: dict[str, list[StepTime]] = {kind: [] for kind in workers}
-        for index in range(options.steps):
-            for kind, w in workers.items():
-                t = w.step(reset=index == 0)
-                times[kind].append(t)
-                print(
-                    f"{kind} step {index + 1}: {t.step_s:.2f} s (rollout {t.rollout_s:.2f} s)",
-                    flush=True,
-                )
-        results = {}
-        for kind, w in workers.items():
-            peak, allocated, per_process = w.finish()
-            results[kind] = {
-                "times": [asdict(t) for t in times[kind]],
-                "summary": summary(times[kind]),
-                "peak": peak,
-                "allocated": allocated,
-                "per_process": per_process,
-            }
+        workers: dict[str, Worker] = {}
+        try:
+            results = run_systems(options, spec, total, baseline, workers)
+        finally:
+            for w in workers.values():  # after a failure, the other one waits for commands
+                if w.process.is_alive():
+                    w.process.terminate()
     report(spec, results, options.hbm_tbps)
     if options.json:
         options.json.write_text(json.dumps({"spec": asdict(spec), "results": results}, indent=1))
+
+
+def run_systems(
+    options: argparse.Namespace, spec: Spec, total: int, baseline: int, workers: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Start the workers (into `workers`), warm each up, then alternate the timed steps."""
+    for kind in options.systems:  # one at a time: SGLang sizes its pool from free memory
+        started = time.perf_counter()
+        workers[kind] = Worker(kind, spec, total, baseline)
+        print(f"{kind}: ready in {time.perf_counter() - started:.1f} s", flush=True)
+    for kind, w in workers.items():
+        for index in range(options.warmup):
+            t = w.step()
+            print(f"{kind} warm-up {index + 1}: {t.step_s:.2f} s", flush=True)
+    times: dict[str, list[StepTime]] = {kind: [] for kind in workers}
+    for index in range(options.steps):
+        for kind, w in workers.items():
+            t = w.step(reset=index == 0)
+            times[kind].append(t)
+            print(
+                f"{kind} step {index + 1}: {t.step_s:.2f} s (rollout {t.rollout_s:.2f} s)",
+                flush=True,
+            )
+    results = {}
+    for kind, w in workers.items():
+        peak, allocated, per_process = w.finish()
+        results[kind] = {
+            "times": [asdict(t) for t in times[kind]],
+            "summary": summary(times[kind]),
+            "peak": peak,
+            "allocated": allocated,
+            "per_process": per_process,
+        }
+    return results
 
 
 if __name__ == "__main__":
