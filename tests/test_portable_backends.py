@@ -284,19 +284,27 @@ class FullLogitsTrainer(PeftPolicyTrainer):
 
 
 @pytest.mark.parametrize(
-    ("trainer_class", "options"),
-    [(FullLogitsTrainer, {}), (PeftPolicyTrainer, {"gradient_checkpointing": True})],
-    ids=["full-logits", "gradient-checkpointing"],
+    ("trainer_class", "options", "targets"),
+    [
+        (FullLogitsTrainer, {}, "all-linear"),
+        (PeftPolicyTrainer, {"gradient_checkpointing": True}, "all-linear"),
+        (FullLogitsTrainer, {}, ("q_proj", "lm_head")),
+    ],
+    ids=["full-logits", "gradient-checkpointing", "adapted-output-layer"],
 )
-def test_optimizer_step_equals_the_reference_computation(model_dir, trainer_class, options):
+def test_optimizer_step_equals_the_reference_computation(
+    model_dir, trainer_class, options, targets
+):
     """Chunked log-probabilities on response tokens only, with or without activation
-    checkpointing, take the step the full-logits computation takes (entropy bonus included)."""
+    checkpointing, take the step the full-logits computation takes (entropy bonus included);
+    an output layer with an adapter goes through the model's own forward."""
     engine = HFRolloutEngine(model_dir)
-    settings = LoraSettings(rank=4, alpha=8.0)
+    settings = LoraSettings(rank=4, alpha=8.0, target_modules=targets)
     optim = OptimizerSettings(lr=5e-2, total_iters=10)
     config = GRPOConfig(use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
     ours = PeftPolicyTrainer(model_dir, settings, optim, temperature=0.8, entropy_grad=True)
     other = trainer_class(model_dir, settings, optim, temperature=0.8, entropy_grad=True, **options)
+    assert ours.plain_head == (targets == "all-linear")
     generations = engine.generate(PROMPTS * 2, SamplingParams(max_new_tokens=5, seed=6))
     batch = pack(generations, [1.0, -1.0, 0.5, -0.5, 2.0, -2.0], pad_id=0)
     for _ in range(2):  # the second step starts from a trained adapter

@@ -139,8 +139,13 @@ class PeftPolicyTrainer:
         if gradient_checkpointing:
             _enable_activation_checkpointing(base)
         head = base.get_output_embeddings()
-        self.plain_head = getattr(head, "bias", None) is None and not any(
-            getattr(base.config, name, None) not in (None, 1.0) for name in LOGIT_TRANSFORMS
+        # a LoRA-wrapped or biased output layer goes through the model's own forward
+        self.plain_head = (
+            type(head) is torch.nn.Linear
+            and head.bias is None
+            and not any(
+                getattr(base.config, name, None) not in (None, 1.0) for name in LOGIT_TRANSFORMS
+            )
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
