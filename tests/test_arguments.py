@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
 
 from trainer import arguments
 from trainer.arguments import UsageError, parse_args, parse_args_or_exit, resolved_config
+from trainer.main import main as train_main
 
 BASE = ["--hf-checkpoint", "/models/tiny", "--prompt-data", "/data/train.jsonl"]
 
@@ -60,7 +62,9 @@ def test_small_defaults_resolve_derived_values() -> None:
     assert args.num_epoch == 1 and args.num_rollout is None
     assert args.rollout_num_gpus == 1 and args.num_gpus_per_node == 1
     assert args.device == "auto" and args.dtype == "auto"
-    assert args.normalize_advantages is True and args.loss_agg == "token-mean"
+    # miles' defaults: group std normalisation on, no whitening, k1, per-sample mean
+    assert args.grpo_std_normalization is True and args.normalize_advantages is False
+    assert args.kl_loss_type == "k1" and args.loss_agg == "seq-mean-token-mean"
     assert args.sglang_extra == {} and args.eval_datasets == {}
     assert args.eval_max_response_len == args.rollout_max_response_len
     assert args.output_dir == "./outputs" and args.seed == 1234
@@ -117,6 +121,7 @@ def test_undeclared_sglang_flags_are_collected() -> None:
         ("--lora-rank 0", "--lora-rank must be > 0 (got 0)"),
         ("--lora-alpha -1", "--lora-alpha must be > 0 (got -1.0)"),
         ("--lora-dropout 1.0", "--lora-dropout must be in [0, 1) (got 1.0)"),
+        ("--lora-dropout 0.3", "--lora-dropout 0.3 is refused: old log-probs come without dropout"),
         ("--eps-clip -0.1", "--eps-clip must be >= 0 (got -0.1)"),
         ("--eps-clip-high -0.1", "--eps-clip-high must be >= 0"),
         ("--rollout-top-p 0", "--rollout-top-p must be in (0, 1]"),
@@ -180,9 +185,63 @@ def test_load_without_save_is_fine_and_pairs_parse() -> None:
     assert args.eval_datasets == {"a": "x", "b": "y"}
 
 
-def test_no_normalize_advantages_and_kl_types() -> None:
-    args = parse_args([*BASE, "--no-normalize-advantages", "--kl-loss-type", "k3"])
-    assert args.normalize_advantages is False and args.kl_loss_type == "k3"
+def test_miles_advantage_flags_keep_their_miles_meaning() -> None:
+    args = parse_args(
+        [
+            *BASE,
+            "--normalize-advantages",
+            "--disable-grpo-std-normalization",
+            "--kl-loss-type",
+            "k3",
+        ]
+    )
+    assert args.normalize_advantages is True and args.grpo_std_normalization is False
+    assert args.kl_loss_type == "k3"
+    assert arguments.algorithm_meanings(args)["advantage"] == (
+        "reward - group mean, then whitened over all response tokens of the rollout"
+    )
+    with pytest.raises(UsageError, match="unrecognized argument --no-normalize-advantages"):
+        parse_args([*BASE, "--no-normalize-advantages"])
+
+
+def test_validate_only_shows_the_miles_meanings_of_a_miles_argv(capsys) -> None:
+    miles = [
+        "--normalize-advantages",
+        "--disable-grpo-std-normalization",
+        "--eps-clip-high",
+        "0.28",
+    ]
+    assert train_main([*BASE, *miles, "--use-tis", "--eps-clip-c", "3", "--validate-only"]) == 0
+    meanings = json.loads(capsys.readouterr().out)["meanings"]
+    assert meanings == {
+        "advantage": "reward - group mean, then whitened over all response tokens of the rollout",
+        "loss_aggregation": "seq-mean-token-mean",
+        "kl": "k1 estimator, off (no reference forward)",
+        "policy_loss": "PPO ratio per token clipped to [0.8, 1.28], dual clip 3, "
+        "TIS weights in [0, 2]",
+    }
+
+
+def test_a_group_of_one_has_no_std_normalisation() -> None:
+    assert parse_args([*BASE, "--n-samples-per-prompt", "1"]).grpo_std_normalization is False
+
+
+@pytest.mark.parametrize(
+    ("extra", "agg"),
+    [
+        ([], "seq-mean-token-mean"),
+        (["--calculate-per-token-loss"], "token-mean"),
+        (["--loss-agg", "seq-mean-token-sum"], "seq-mean-token-sum"),
+        (["--calculate-per-token-loss", "--loss-agg", "token-mean"], "token-mean"),
+    ],
+)
+def test_loss_aggregation_follows_miles_unless_loss_agg_says_otherwise(extra, agg) -> None:
+    assert parse_args([*BASE, *extra]).loss_agg == agg
+
+
+def test_per_token_loss_and_a_per_sample_loss_agg_contradict() -> None:
+    with pytest.raises(UsageError, match="--calculate-per-token-loss is token-mean"):
+        parse_args([*BASE, "--calculate-per-token-loss", "--loss-agg", "seq-mean-token-mean"])
 
 
 def test_wandb_mode_follows_the_key_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -239,3 +298,73 @@ def test_unknown_sglang_flag_is_rejected_with_close_names() -> None:
     message = error_of([*AMD_ARGV, "--sglang-enable-lorra", "true"])
     assert message.startswith("--sglang-enable-lorra: unknown SGLang server argument")
     assert "--sglang-enable-lora" in message
+
+
+# Each flag of issue 12's yardstick with a value miles' own launchers use, and what it resolves to.
+YARDSTICK = [
+    ("--use-tis", {"use_tis": True}),
+    ("--use-tis --tis-clip 2.0 --tis-clip-low 0.0", {"tis_clip": 2.0, "tis_clip_low": 0.0}),
+    ("--eps-clip-c 3", {"eps_clip_c": 3.0}),
+    ("--rollout-batch-size 32 --over-sampling-batch-size 64", {"over_sampling_batch_size": 64}),
+    (
+        "--dynamic-sampling-filter-path "
+        "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
+        {"dynamic_sampling_filter_path": "trainer.sampling_filters.check_reward_nonzero_std"},
+    ),
+    ("--rollout-stop-token-ids 151643 151645", {"rollout_stop_token_ids": [151643, 151645]}),
+    ("--rollout-stop '</answer>'", {"rollout_stop": ["</answer>"]}),
+    (
+        """--apply-chat-template-kwargs '{"enable_thinking": false}'""",
+        {"apply_chat_template_kwargs": {"enable_thinking": False}},
+    ),
+    (
+        "--custom-rm-path examples.math.reward.score",
+        {"custom_rm_path": "examples.math.reward.score"},
+    ),
+    ("--num-steps-per-rollout 2", {"num_steps_per_rollout": 2, "global_batch_size": 8}),
+    ("--kl-coef 0.00", {"kl_coef": 0.0}),
+    ("--ref-load /root/Qwen3-4B_torch_dist", {"ref_load": "/root/Qwen3-4B_torch_dist"}),
+    ("--calculate-per-token-loss", {"loss_agg": "token-mean"}),
+    ("--reward-key score", {"reward_key": "score"}),
+    (
+        "--use-dynamic-global-batch-size --use-dynamic-batch-size --max-tokens-per-gpu 9216",
+        {"use_dynamic_global_batch_size": True},
+    ),
+]
+
+
+@pytest.mark.parametrize(("flags", "resolved"), YARDSTICK, ids=[y[0][:40] for y in YARDSTICK])
+def test_miles_yardstick_flags_pass_validate_only(flags, resolved, capsys) -> None:
+    assert train_main([*BASE, *shlex.split(flags), "--validate-only"]) == 0
+    config = json.loads(capsys.readouterr().out)
+    assert {key: config[key] for key in resolved} == resolved
+
+
+def test_new_options_are_off_by_default() -> None:
+    args = parse_args(BASE)
+    assert (args.use_tis, args.eps_clip_c, args.dynamic_sampling_filter_path) == (False, None, None)
+    assert (args.custom_rm_path, args.reward_key, args.rollout_stop_token_ids) == (None, None, None)
+    assert args.apply_chat_template_kwargs == {} and args.advantage_estimator == "grpo"
+    assert args.over_sampling_batch_size == args.rollout_batch_size
+    assert (args.overlong_filter, args.overlong_buffer_len) == (False, None)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--eps-clip-c 0.9", "--eps-clip-c must be > 1 (got 0.9)"),
+        ("--use-tis --tis-clip 1 --tis-clip-low 2", "--tis-clip-low (2.0) must not exceed"),
+        ("--kl-coef 0.1", "--kl-coef shapes rewards only for ppo/reinforce++ in miles"),
+        ("--num-steps-per-rollout 2 --global-batch-size 16", "is not the rollout's samples / "),
+        ("--custom-rm-path reward", "--custom-rm-path must be module.function (got reward)"),
+        ("--apply-chat-template-kwargs [1]", "--apply-chat-template-kwargs: must be a JSON object"),
+        ("--over-sampling-batch-size 2", "--over-sampling-batch-size 2 must be >= --rollout-batch"),
+        ("--use-dynamic-global-batch-size", "needs --use-dynamic-batch-size"),
+        ("--overlong-buffer-len 0", "--overlong-buffer-len must be in (0, --rollout-max-response"),
+        ("--num-layers 36", "--num-layers is a Megatron architecture flag: Bridge mode reads"),
+        ("--moe-router-topk 8", "--moe-router-topk is a Megatron architecture flag"),
+    ],
+)
+def test_bad_option_values_are_one_line_errors(flags: str, message: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)):
+        parse_args([*BASE, *shlex.split(flags)])

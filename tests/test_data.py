@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -223,3 +224,14 @@ def test_sources_from_args(tmp_path: Path, tokenizer) -> None:
     assert source.samples[0].prompt == "<|im_start|>user 0 <|im_end|> <|im_start|>assistant "
     sets = eval_sets_from_args(args, tokenizer)
     assert list(sets) == ["tiny"] and sets["tiny"][0].label == "2"
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path: Path, tokenizer) -> None:
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "what is 1+1 ?", "label": "2"}])
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.chat_template = CHAT_TEMPLATE + "{% if enable_thinking is false %}be{% endif %}"
+    argv = ["--hf-checkpoint", "m", "--prompt-data", str(path), "--apply-chat-template"]
+    plain = rollout_source_from_args(parse_args(argv), tokenizer).samples[0].prompt
+    thinking_off = ["--apply-chat-template-kwargs", '{"enable_thinking": false}']
+    off = rollout_source_from_args(parse_args([*argv, *thinking_off]), tokenizer).samples[0]
+    assert off.prompt == plain + "be"

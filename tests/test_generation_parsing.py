@@ -9,6 +9,7 @@ import pytest
 from trainer.backends.base import Generation, SamplingParams
 from trainer.backends.generation_parsing import (
     GenerationError,
+    parse_input_logprobs,
     parse_output,
     parse_outputs,
     sampling_params,
@@ -90,6 +91,12 @@ def test_sampling_params_use_sglang_field_names() -> None:
     )
 
 
+def test_stop_strings_and_token_ids_reach_sglang() -> None:
+    params = SamplingParams(8, stop=("</answer>",), stop_token_ids=(7, 9))
+    [request] = sampling_params(params, 1)
+    assert request["stop"] == ["</answer>"] and request["stop_token_ids"] == [7, 9]
+
+
 @pytest.mark.parametrize("seed", [0, 3, 2**40])
 def test_every_request_gets_its_own_seed(seed: int) -> None:
     """Under deterministic sampling one seed per call gives the n samples of a prompt the same
@@ -108,6 +115,15 @@ def test_request_seeds_stay_distinct_across_engines_and_calls() -> None:
             params = SamplingParams(1, seed=seed, first_request=first)
             seen += [p["sampling_seed"] for p in sampling_params(params, 5)]
     assert len(set(seen)) == len(seen) == 20
+
+
+def test_input_logprobs_of_a_prefill() -> None:
+    output = {"meta_info": {"input_token_logprobs": [[None, 5, None], [-0.5, 6, None], [-1.5, 7]]}}
+    assert parse_input_logprobs([5, 6, 7], output) == [-0.5, -1.5]
+    with pytest.raises(GenerationError, match="expected 2 input_token_logprobs"):
+        parse_input_logprobs([5, 6], output)
+    with pytest.raises(GenerationError, match="malformed input logprob entry 1"):
+        parse_input_logprobs([5, 9, 7], output)
 
 
 def test_heavy_packages_not_imported() -> None:

@@ -16,7 +16,9 @@ from trainer.grpo import (
     group_advantages,
     grpo_loss,
     kl_penalty,
+    overlong_penalty,
     policy_loss,
+    whiten,
 )
 
 LN2 = math.log(2.0)
@@ -40,6 +42,14 @@ def test_group_advantages() -> None:
     # rewards 0,3 -> mean 1.5, std sqrt(2 * 2.25 / 1) = 2.121320 -> -+0.707107
     close(group_advantages(torch.tensor([0.0, 3.0]), 2), [-0.707107, 0.707107])
     close(group_advantages(torch.tensor([0.3, 0.9]), 1), [0.0, 0.0])  # a lone sample: 0
+
+
+def test_whiten_weights_each_sample_by_its_tokens() -> None:
+    # values [1, -1] over 1 and 3 tokens: tokens [1, -1, -1, -1], mean -0.5,
+    # unbiased var (1.5^2 + 3 * 0.5^2) / 3 = 1; whitened [1.5, -0.5]
+    close(whiten(torch.tensor([1.0, -1.0]), torch.tensor([1, 3])), [1.5, -0.5])
+    with pytest.raises(ValueError, match="at least one response token"):
+        whiten(torch.tensor([1.0]), torch.tensor([0]))
 
 
 def test_group_advantages_rejects_ragged_groups() -> None:
@@ -122,8 +132,10 @@ def test_kl_estimators() -> None:
     # k3 = exp(ref - logp) - (ref - logp) - 1: 0.5 + ln2 - 1 = 0.193147; 2 - ln2 - 1 = 0.306853
     close(kl_penalty(logprobs, ref, "k3"), [[0.193147, 0.306853, 0.0]])
     close(kl_penalty(logprobs, ref, "low_var_kl"), kl_penalty(logprobs, ref, "k3"))
-    # far apart: exp(20) - 20 - 1 is clamped to 10
-    close(kl_penalty(torch.tensor([-40.0]), torch.tensor([0.0]), "k3"), [10.0])
+    # far apart: low_var_kl clamps exp(20) - 20 - 1 to 10; k3 (as miles) does not clamp:
+    # exp(3) - 3 - 1 = 16.085537
+    close(kl_penalty(torch.tensor([-40.0]), torch.tensor([0.0]), "low_var_kl"), [10.0])
+    close(kl_penalty(torch.tensor([-3.0]), torch.tensor([0.0]), "k3"), [16.085537])
     with pytest.raises(ValueError, match="unknown KL estimator"):
         kl_penalty(logprobs, ref, "k4")
 
@@ -141,7 +153,7 @@ def test_grpo_loss_combines_terms() -> None:
     ref = torch.tensor([[math.log(0.25), math.log(0.5)]])
     entropy = torch.tensor([[1.0, 2.0]])
     mask = torch.ones(1, 2)
-    config = GRPOConfig(use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
+    config = GRPOConfig(use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="k3", entropy_coef=0.01)
     loss, metrics = grpo_loss(
         logprobs, logprobs, torch.tensor([1.0]), mask, config, ref_logprobs=ref, entropy=entropy
     )
@@ -152,7 +164,7 @@ def test_grpo_loss_combines_terms() -> None:
     # KL is reported without --use-kl-loss but stays out of the loss
     loss, metrics = grpo_loss(logprobs, logprobs, torch.tensor([1.0]), mask, ref_logprobs=ref)
     close(loss, -1.0)
-    assert metrics["kl"] == pytest.approx(0.25) and "entropy" not in metrics
+    assert metrics["kl"] == pytest.approx(0.0) and "entropy" not in metrics  # k1: (ln2 - ln2) / 2
 
 
 def test_grpo_loss_requires_its_inputs() -> None:
@@ -205,4 +217,64 @@ def test_config_from_args() -> None:
         loss_agg="seq-mean-token-sum",
         use_kl_loss=True,
         kl_loss_coef=0.01,
+        norm_length=256.0,
     )
+
+
+def test_dual_clip_caps_the_loss_of_a_negative_advantage() -> None:
+    # log r = 2: ratio e^2 = 7.389056; A = -1: max(7.389056, 1.28) = 7.389056, dual clip c = 3
+    # caps it: min(3, 7.389056) = 3; a positive advantage is left alone: max(-7.39, -1.28)
+    logprobs, old, mask = torch.tensor([[2.0]]), torch.tensor([[0.0]]), torch.ones(1, 1)
+    plain, _ = policy_loss(logprobs, old, torch.tensor([-1.0]), mask, 0.2, 0.28)
+    close(plain, 7.389056)
+    dual, _ = policy_loss(logprobs, old, torch.tensor([-1.0]), mask, 0.2, 0.28, eps_clip_c=3.0)
+    close(dual, 3.0)
+    positive, _ = policy_loss(logprobs, old, torch.tensor([1.0]), mask, 0.2, 0.28, eps_clip_c=3.0)
+    close(positive, -1.28)
+
+
+def test_truncated_importance_sampling_weights_the_tokens() -> None:
+    # on policy, A = +1 on 2 tokens (per-token loss -1); old - rollout = [ln 3, ln 0.5]:
+    # ratios [3, 0.5] -> weights clamp to [0, 2] = [2, 0.5]; token-mean loss -(2 + 0.5) / 2
+    logprobs = torch.tensor([[-1.0, -2.0]])
+    rollout = logprobs - torch.tensor([[math.log(3.0), math.log(0.5)]])
+    mask = torch.ones(1, 2)
+    config = GRPOConfig(loss_agg="token-mean", use_tis=True, tis_clip=2.0)
+    loss, metrics = grpo_loss(
+        logprobs, logprobs, torch.tensor([1.0]), mask, config, rollout_logprobs=rollout
+    )
+    close(loss, -1.25)
+    assert metrics["tis"] == pytest.approx(1.75) and metrics["tis_clipfrac"] == 0.5
+    low = GRPOConfig(loss_agg="token-mean", use_tis=True, tis_clip=2.0, tis_clip_low=0.8)
+    loss, _ = grpo_loss(
+        logprobs, logprobs, torch.tensor([1.0]), mask, low, rollout_logprobs=rollout
+    )
+    close(loss, -1.4)  # weights [2, 0.8]
+    with pytest.raises(ValueError, match="use_tis needs rollout_logprobs"):
+        grpo_loss(logprobs, logprobs, torch.tensor([1.0]), mask, config)
+
+
+def test_dr_grpo_divides_each_sequence_sum_by_the_budget() -> None:
+    # sequence sums 1 + 2 = 3 and 3; each / 4, mean over the 2 sequences = 0.75
+    values = torch.tensor([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    close(aggregate(values, mask, "seq-mean-token-sum-norm", norm_length=4.0), 0.75)
+
+
+def test_gspo_takes_one_ratio_per_sequence() -> None:
+    # log r per token [ln 2, 0]: GSPO ratio exp(ln 2 / 2) = 1.414214 for both tokens, clipped
+    # at 1.28 (A = +1): loss -1.28, clip fraction 1; per token: [-1.28, -1] -> -1.14
+    logprobs = torch.tensor([[math.log(2.0), 0.0]])
+    old, mask, advantage = torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([1.0])
+    loss, clip = policy_loss(logprobs, old, advantage, mask, 0.2, 0.28, sequence_ratio=True)
+    close(loss, -1.28)
+    close(clip, 1.0)
+    loss, clip = policy_loss(logprobs, old, advantage, mask, 0.2, 0.28)
+    close(loss, -1.14)
+    close(clip, 0.5)
+
+
+def test_soft_overlong_penalty() -> None:
+    # limit 10, buffer 4: no penalty up to 6 tokens, then (len - 6) / 4 of the factor 0.5
+    lengths = torch.tensor([5, 6, 7, 8, 10])
+    close(overlong_penalty(lengths, 10, 4, 0.5), [0.0, 0.0, -0.125, -0.25, -0.5])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ import torch
 
 from trainer import tiny
 from trainer.arguments import parse_args
-from trainer.backends.base import Generation
+from trainer.backends.base import Generation, adapter_digest
 from trainer.backends.hf_rollout import HFRolloutEngine
 from trainer.backends.peft_trainer import create as create_trainer
 from trainer.data import eval_sets_from_args, rollout_source_from_args
@@ -42,6 +43,9 @@ class LocalTrainers:
     def export_adapter(self):
         return self.trainer.export_adapter()
 
+    def adapter_digests(self):
+        return [adapter_digest(self.trainer.export_adapter())]
+
     def save(self, path):
         self.trainer.save(path)
 
@@ -68,11 +72,21 @@ class LocalEngines:
         self.calls.append(f"engine.load_adapter v{adapter.version}")
         self.engine.load_adapter(adapter)
 
+    def score(self, token_ids):
+        return self.engine.score(token_ids)
+
     def release_memory(self):
         self.calls.append("engine.release")
 
     def resume_memory(self):
         self.calls.append("engine.resume")
+
+
+class StaleEngines(LocalEngines):
+    """An engine whose adapter updates never arrive (a broken sync)."""
+
+    def load_adapter(self, adapter):
+        self.calls.append(f"engine.load_adapter v{adapter.version} (dropped)")
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +107,7 @@ def recipe_argv(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def make_loop(argv: Sequence[str]) -> tuple[GRPOLoop, LocalTrainers]:
+def make_loop(argv: Sequence[str], engines=LocalEngines) -> tuple[GRPOLoop, LocalTrainers]:
     from transformers import AutoTokenizer
 
     args = parse_args(argv)
@@ -101,7 +115,7 @@ def make_loop(argv: Sequence[str]) -> tuple[GRPOLoop, LocalTrainers]:
     source = rollout_source_from_args(args, tokenizer)
     total = (args.num_rollout or 1) * 2
     trainers = LocalTrainers(create_trainer(args, "cpu", total_steps=total))
-    engines = LocalEngines(HFRolloutEngine(args.hf_checkpoint), trainers.calls)
+    engines = engines(HFRolloutEngine(args.hf_checkpoint), trainers.calls)
     loop = GRPOLoop(
         args,
         trainers=trainers,
@@ -132,6 +146,12 @@ def test_pack_aligns_response_tokens_with_the_shifted_sequence():
     assert batch.rollout_logprobs[0, 2:].tolist() == pytest.approx([-0.1, -0.2])
     assert batch.rollout_logprobs[1, :3].tolist() == pytest.approx([-0.1, -0.2, -0.3])
     assert batch.advantages.tolist() == [[0, 0, 1.5, 1.5], [-1, -1, -1, 0]]
+
+
+def test_pack_drops_truncated_responses_from_the_loss_when_asked():
+    gens = [generation([5], [8, 9], truncated=True), generation([5], [8, 2])]
+    assert pack(gens, [1.0, 1.0], 0).loss_mask.tolist() == [[1, 1], [1, 1]]
+    assert pack(gens, [1.0, 1.0], 0, drop_truncated=True).loss_mask.tolist() == [[0, 0], [1, 1]]
 
 
 def test_schedule_splits_steps_ranks_and_micro_batches():
@@ -262,6 +282,27 @@ def test_loop_runs_logs_and_takes_turns_on_the_devices(tiny_dirs, tmp_path, caps
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(("engines", "synced"), [(LocalEngines, True), (StaleEngines, False)])
+def test_adapter_sync_check_compares_engine_and_trainer(tiny_dirs, tmp_path, engines, synced):
+    """The engines' log-probs of a fixed sequence match the trainer's after each update, and
+    the check fails when the adapter never reaches the engine."""
+    model, data = tiny_dirs
+    argv = recipe_argv(model, data, tmp_path, "--num-rollout", "4", "--check-adapter-sync")
+    loop, _ = make_loop(argv, engines)
+    loop.run()
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert "sync/engine_trainer_logprob_abs_diff" not in records[0]  # nothing published yet
+    # Rollout r checks the adapter of update r - 1, whose shift from the base policy is known.
+    pairs = [
+        (after["sync/engine_trainer_logprob_abs_diff"], before["sync/adapter_shift"])
+        for before, after in itertools.pairwise(records)
+    ]
+    assert any(shift > 1e-3 for _, shift in pairs)  # the adapter moved: a stale one shows
+    for diff, shift in pairs:
+        assert diff < 1e-5 if synced else (diff > 1e-3) == (shift > 1e-3), (diff, shift)
+    assert all(r["sync/ranks_off_rank0_adapter"] == 0 for r in records)
+
+
 def test_metrics_logger_drops_steps_a_resumed_run_repeats(tmp_path):
     first = MetricsLogger(tmp_path, total_steps=4)
     for step in range(3):
@@ -358,3 +399,64 @@ def test_validate_only_prints_the_config_and_imports_nothing_heavy(tmp_path):
     config_text, _, tail = done.stdout.rpartition("HEAVY")
     assert tail.strip() == "[] 0"
     assert json.loads(config_text)["hf_checkpoint"] == "m"
+
+
+def length_reward(args, sample) -> dict:
+    """A miles-style custom reward for the options test: (args, sample) -> dict."""
+    return {"score": float(len(sample.response.split()) == 1)}
+
+
+MILES_FILTER = "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+OPTIONS = {
+    "defaults": ([], set()),
+    "tis": (["--use-tis", "--tis-clip", "1.5", "--tis-clip-low", "0.5"], {"train/tis"}),
+    "dual clip": (["--eps-clip-c", "3"], set()),
+    "dr.grpo": (
+        ["--loss-agg", "seq-mean-token-sum-norm", "--disable-grpo-std-normalization"],
+        set(),
+    ),
+    "gspo": (["--advantage-estimator", "gspo"], set()),
+    "whitened": (["--normalize-advantages", "--calculate-per-token-loss"], set()),
+    "dynamic sampling": (
+        ["--over-sampling-batch-size", "8", "--dynamic-sampling-filter-path", MILES_FILTER],
+        {"rollout/dynamic_sampling_rounds", "rollout/dynamic_sampling_dropped"},
+    ),
+    "steps per rollout": (["--num-steps-per-rollout", "4", "--global-batch-size", "4"], set()),
+    "stops": (["--rollout-stop-token-ids", "8", "--rollout-stop", "blue"], set()),
+    "overlong": (
+        ["--overlong-filter", "--overlong-buffer-len", "2", "--overlong-penalty-factor", "0.5"],
+        {"rollout/overlong_penalty_mean"},
+    ),
+    "custom reward": (
+        ["--custom-rm-path", "tests.test_loop.length_reward", "--reward-key", "score"],
+        set(),
+    ),
+    "chat kwargs and miles no-ops": (
+        [
+            "--apply-chat-template-kwargs",
+            '{"enable_thinking": false}',
+            "--kl-coef",
+            "0",
+            "--ref-load",
+            "/ref",
+        ],
+        set(),
+    ),
+}
+OPTIONAL_KEYS = {key for _, keys in OPTIONS.values() for key in keys}
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_each_option_trains_the_tiny_recipe(tiny_dirs, tmp_path, name):
+    model, data = tiny_dirs
+    extra, keys = OPTIONS[name]
+    loop, _ = make_loop(recipe_argv(model, data, tmp_path, "--num-rollout", "2", *extra))
+    loop.run()
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert [r["step"] for r in records] == [0, 1]
+    for record in records:
+        assert keys <= record.keys() and not (OPTIONAL_KEYS - keys) & record.keys()
+        for key in ("train/pg_loss", "train/grad_norm", "rollout/reward_mean"):
+            assert torch.isfinite(torch.tensor(record[key])), (key, record[key])
+        if record.get("rollout/dynamic_sampling_rounds", 32) < 32:  # kept groups all vary
+            assert record["rollout/zero_std_group_ratio"] == 0.0

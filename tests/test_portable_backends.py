@@ -77,6 +77,55 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(model_dir):
     assert [g.response_ids for g in greedy] == [g.response_ids for g in top1]
 
 
+@pytest.mark.parametrize("seed", [None, 0, 1234, 2**40])
+def test_the_samples_of_one_prompt_differ_under_any_seed(model_dir, seed):
+    engine = HFRolloutEngine(model_dir)
+    generations = engine.generate([PROMPTS[0]] * 8, SamplingParams(max_new_tokens=6, seed=seed))
+    assert len({g.response_ids for g in generations}) > 1
+
+
+def test_each_sample_has_its_own_seed_whatever_shares_its_batch(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    params = SamplingParams(max_new_tokens=6, seed=7)
+    alone = engine.generate(PROMPTS[:2], params)
+    shared = engine.generate(PROMPTS, params)[:2]  # log-probs may differ in the last bits
+    assert [g.response_ids for g in shared] == [g.response_ids for g in alone]
+
+
+def test_stop_token_ids_end_a_response(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    free = engine.generate(PROMPTS * 4, SamplingParams(max_new_tokens=6, seed=3))
+    stop = next(t for g in free for t in g.response_ids[:-1] if t not in engine.eos_ids)
+    params = SamplingParams(max_new_tokens=6, seed=3, stop_token_ids=(stop,))
+    stopped = engine.generate(PROMPTS * 4, params)
+    assert any(g.response_ids[-1] == stop and not g.truncated for g in stopped)
+    assert all(stop not in g.response_ids[:-1] for g in stopped)
+
+
+def test_stop_strings_end_a_response_after_the_first_one(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    tokenizer = engine.tokenizer()
+    params = SamplingParams(max_new_tokens=6, seed=3, stop=("red",))
+    generations = engine.generate(PROMPTS * 8, params)
+    texts = [tokenizer.decode(g.response_ids) for g in generations]
+    stopped = [t for t in texts if "red" in t]
+    assert stopped and all(t.endswith("red") and t.count("red") == 1 for t in stopped)
+    assert not any(g.truncated for g, t in zip(generations, texts, strict=True) if "red" in t)
+    assert all(len(g.response_logprobs) == len(g.response_ids) for g in generations)
+
+
+def test_an_adapter_with_missing_tensors_is_refused(model_dir):
+    from dataclasses import replace
+
+    engine = HFRolloutEngine(model_dir)
+    adapter = make_trainer(model_dir).export_adapter()
+    dropped = sorted(adapter.tensors)[0]
+    partial = replace(adapter, tensors={k: v for k, v in adapter.tensors.items() if k != dropped})
+    with pytest.raises(ValueError, match=r"adapter lacks 1 LoRA tensor\(s\)"):
+        engine.load_adapter(partial)
+    engine.load_adapter(adapter)  # the complete adapter loads
+
+
 def test_sampling_ignores_the_checkpoints_generation_defaults(model_dir, tmp_path):
     """A checkpoint's generation_config.json (top_k, repetition penalty, ...) must not change
     what the engine samples: only `SamplingParams` does (unset top_k would mean 50)."""
@@ -131,6 +180,28 @@ def test_reference_is_the_base_model_and_training_moves_only_the_policy(model_di
     mask = batch.loss_mask.bool()
     assert torch.allclose(reference[mask], expected[mask], atol=1e-5)
     assert not reference[~mask].any()  # only the response tokens are scored
+
+
+def test_a_non_finite_gradient_skips_and_counts_the_step(model_dir):
+    engine = HFRolloutEngine(model_dir)
+    trainer = make_trainer(model_dir)
+    _, batch = batch_of(engine, [1.0, -1.0, 0.5])
+    loss_fn = loss_for(batch, trainer)
+    before = [p.detach().clone() for p in trainer.params]
+
+    def nan_loss(out, mb):
+        loss, metrics = loss_fn(out, mb)
+        return loss * float("nan"), metrics
+
+    result = trainer.train_step([batch], nan_loss)
+    assert math.isnan(result.grad_norm) and result.metrics["skipped_step"] == 1.0
+    assert trainer.skipped_steps == 1 and not trainer.optimizer.state  # Adam state untouched
+    assert all(torch.equal(p, q) for p, q in zip(trainer.params, before, strict=True))
+    assert trainer.scheduler.last_epoch == 0  # the LR schedule does not advance either
+    result = trainer.train_step([batch], loss_fn)
+    assert math.isfinite(result.grad_norm) and result.metrics["skipped_step"] == 0.0
+    assert all(torch.isfinite(p).all() for p in trainer.params)
+    assert not all(torch.equal(p, q) for p, q in zip(trainer.params, before, strict=True))
 
 
 def test_micro_batches_accumulate_to_the_full_batch_gradient(model_dir):
@@ -249,13 +320,13 @@ def test_factories_build_backends_from_argv(model_dir, tmp_path: Path):
 
     args = parse_args(
         ["--hf-checkpoint", model_dir, "--prompt-data", "p.jsonl", "--lora-rank", "2",
-         "--target-modules", "q_proj,o_proj", "--lora-dropout", "0.1", "--lr", "3e-4"]
+         "--target-modules", "q_proj,o_proj", "--lr", "3e-4"]
     )  # fmt: skip
     trainer = registry.create_trainer(args, "cpu", total_steps=3)
     assert isinstance(trainer, PeftPolicyTrainer)
     config = trainer.model.peft_config["default"]
     assert config.r == 2 and set(config.target_modules) == {"q_proj", "o_proj"}
-    assert config.lora_dropout == 0.1
+    assert config.lora_dropout == 0.0
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(3e-4)
     assert next(trainer.model.parameters()).dtype == torch.float32
     assert not trainer.model.base_model.model.model.gradient_checkpointing

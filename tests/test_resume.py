@@ -39,7 +39,7 @@ def command(tmp_path: Path) -> list[str]:
         "--lora-rank", "8", "--lora-alpha", "16", "--device", "cpu",
         "--actor-num-gpus-per-node", "2", "--rollout-num-gpus-per-engine", "2", "--colocate",
         "--save", str(save), "--load", str(save), "--save-interval", str(SAVE_INTERVAL),
-        "--output-dir", str(tmp_path / "out"), "--seed", "0",
+        "--output-dir", str(tmp_path / "out"), "--seed", "0", "--check-adapter-sync",
     ]  # fmt: skip
 
 
@@ -74,6 +74,15 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(private_ray, tmp_path):
 
     records = read_metrics(tmp_path / "out" / METRICS_FILE)
     assert [r["step"] for r in records] == list(range(ROLLOUTS))
+    # Both data-parallel ranks hold rank 0's adapter after every update, and the engine
+    # serves it (fp32 on the CPU: equal up to rounding).
+    assert all(r["sync/ranks_off_rank0_adapter"] == 0 for r in records)
+    synced = [
+        r["sync/engine_trainer_logprob_abs_diff"]
+        for r in records
+        if "sync/engine_trainer_logprob_abs_diff" in r
+    ]
+    assert len(synced) >= ROLLOUTS - 2 and max(synced) < 1e-4
     state = json.loads((tmp_path / "ckpt" / f"iter_{ROLLOUTS:07d}" / "state.json").read_text())
     assert state["rollout_index"] == ROLLOUTS
     assert state["data"] == {  # 12 rollouts x 8 prompts walked once, none twice

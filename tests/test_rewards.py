@@ -2,126 +2,55 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from trainer import rewards
-from trainer.rewards import (
-    extract_math_answer,
-    get_reward,
-    last_boxed,
-    math_equal,
-    register_reward,
-    reward_names,
-)
+from trainer import math_grader, rewards
+from trainer.rewards import get_reward, register_reward, reward_names
 
-QWEN = (
-    "<think>\nOkay, let me see. We need the sum 17 + 25. 17 + 25 = 42. Let me double check: "
-    "20 + 22 = 42. Yes.\n</think>\n\nThe sum is $17 + 25 = 42$.\n\n**Final Answer**\n"
-    "\\[\n\\boxed{42}\n\\]"
-)
-
-# (model output, label, reward): string/numeric normalisation only, sympy not needed
-TABLE = [
-    (QWEN, "42", 1.0),
-    (QWEN, "43", 0.0),
-    # thinking: only the text after </think> counts; an unclosed <think> scores 0
-    ("<think>first guess \\boxed{41}</think>So \\boxed{42}.", "42", 1.0),
-    ("<think>the answer is \\boxed{42}</think>I am not sure.", "42", 0.0),
-    ("<think>\nlong reasoning ... \\boxed{42}", "42", 0.0),
-    ("...so it is 42.\n</think>\n\n\\boxed{42}", "42", 1.0),  # template opened the block
-    ("No thinking here. \\boxed{42}", "42", 1.0),
-    # extraction: last box wins, nested braces, \fbox, "\boxed 5", malformed
-    ("First \\boxed{3}, corrected: \\boxed{4}", "4", 1.0),
-    ("First \\boxed{4}, corrected: \\boxed{3}", "4", 0.0),
-    ("$\\boxed{\\frac{\\sqrt{3}}{2}}$", "\\frac{\\sqrt3}{2}", 1.0),
-    ("\\fbox{12}", "12", 1.0),
-    ("so $\\boxed 7$.", "7", 1.0),
-    ("The answer is \\boxed{4", "4", 0.0),  # unbalanced (truncated) box
-    ("The answer is 4.", "4", 0.0),  # no box
-    ("\\boxed{}", "4", 0.0),
-    ("", "4", 0.0),
-    ("</think>", "4", 0.0),
-    # numbers: integers, decimals, fractions, mixed numbers, thousands separators, signs
-    ("\\boxed{4.0}", "4", 1.0),
-    ("\\boxed{5.}", "5", 1.0),
-    ("\\boxed{.5}", "\\frac12", 1.0),
-    ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
-    ("\\boxed{\\dfrac{3}{4}}", "\\frac34", 1.0),
-    ("\\boxed{\\tfrac{3}{4}}", "0.75", 1.0),
-    ("\\boxed{3/4}", "\\frac{3}{4}", 1.0),
-    ("\\boxed{-\\frac{1}{2}}", "-0.5", 1.0),
-    ("\\boxed{\\frac{-1}{2}}", "-\\frac{1}{2}", 1.0),
-    ("\\boxed{2\\frac{1}{2}}", "2.5", 1.0),
-    ("\\boxed{0.333}", "\\frac13", 0.0),
-    ("\\boxed{1,000,000}", "1000000", 1.0),
-    ("\\boxed{1{,}000}", "1000", 1.0),
-    ("\\boxed{-7}", "7", 0.0),
-    # units, degrees, percent, dollars, text, \left \right, spacing, "x ="
-    ("\\boxed{10\\%}", "10", 1.0),
-    ("\\boxed{90^\\circ}", "90", 1.0),
-    ("\\boxed{90^{\\circ}}", "90", 1.0),
-    ("\\boxed{\\$5}", "5", 1.0),
-    ("\\boxed{5 \\text{ cm}}", "5", 1.0),
-    ("\\boxed{12 inches}", "12", 1.0),
-    ("\\boxed{\\text{(C)}}", "C", 1.0),
-    ("\\boxed{x = 3}", "3", 1.0),
-    ("\\boxed{\\left( 1, 2 \\right)}", "(1,2)", 1.0),
-    ("\\boxed{(1, 2.0)}", "(1,2)", 1.0),
-    ("\\boxed{3, 5}", "5, 3", 0.0),
-    ("\\boxed{\\{1,2\\}}", "\\{1,2\\}", 1.0),
-    ("\\boxed{\\pi}", "\\pi", 1.0),
-    # labels: boxed labels, numbers, lists of acceptable answers
-    ("\\boxed{42}", 42, 1.0),
-    ("\\boxed{42}", "\\boxed{42}", 1.0),
-    ("\\boxed{0.5}", ["\\frac{1}{2}", "1/2"], 1.0),
+CASES = [
+    json.loads(line)
+    for line in (Path(__file__).parent / "data" / "reward_cases.jsonl").read_text().splitlines()
 ]
 
 
-@pytest.mark.parametrize(("response", "label", "reward"), TABLE)
-def test_math_reward(response: str, label: object, reward: float) -> None:
-    assert get_reward("math")(response, label) == reward
-    assert get_reward("deepscaler")(response, label) == reward
+def test_the_table_is_large_and_covers_both_grades() -> None:
+    assert len(CASES) >= 100
+    for rm_type in ("deepscaler", "math"):
+        assert {case[rm_type] for case in CASES} == {0, 1}
 
 
-SYMBOLIC = [
-    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
-    ("\\boxed{x^2+2x+1}", "(x+1)^2"),
-    ("\\boxed{2\\pi}", "\\pi \\cdot 2"),
-]
-
-
-@pytest.mark.parametrize(("response", "label"), SYMBOLIC)
-def test_symbolic_equivalence_with_sympy(response: str, label: str) -> None:
-    pytest.importorskip("sympy")
-    assert get_reward("math")(response, label) == 1.0
-
-
-@pytest.mark.parametrize(("response", "label"), SYMBOLIC)
-def test_without_sympy_only_normalised_forms_match(
-    monkeypatch: pytest.MonkeyPatch, response: str, label: str
-) -> None:
-    monkeypatch.setitem(sys.modules, "sympy", None)  # import sympy now raises ImportError
-    assert get_reward("math")(response, label) == 0.0
-    assert get_reward("math")("\\boxed{\\dfrac{1}{2}}", "0.5") == 1.0
+@pytest.mark.parametrize("case", CASES, ids=[f"{i + 1}:{c['note']}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize("rm_type", ["deepscaler", "math"])
+def test_rewards_grade_as_miles_rm_hub(rm_type: str, case: dict) -> None:
+    """Expected grades were derived by reading miles' rm_hub grader (see the table's notes)."""
+    assert get_reward(rm_type)(case["response"], case["label"]) == case[rm_type]
 
 
 @pytest.mark.parametrize(
     "answer",
-    ['__import__("os").system("true")', "9^9^9", "9^{9^9}", "E.evalf()", "x y z w"],
+    ['__import__("os").system("true")', "9^9^9", "9**9**9", "9^{9^9}", "E.evalf()", "x y z w"],
 )
 def test_unsafe_or_costly_answers_never_reach_sympy(answer: str) -> None:
-    assert math_equal(answer, "1") is False
+    assert math_grader.equal_sympy(answer, "1") is False
 
 
-def test_extraction_helpers() -> None:
-    assert last_boxed("a \\boxed{\\frac{1}{\\sqrt{2}}} b") == "\\frac{1}{\\sqrt{2}}"
-    assert last_boxed("\\boxed{1} and \\boxed{{2}}") == "{2}"
-    assert last_boxed("nothing") is None
-    assert extract_math_answer("<think>x</think>\\boxed{1}") == "1"
-    assert extract_math_answer("<think>\\boxed{1}") is None
+def test_deliberate_differences_from_miles() -> None:
+    # a list label is a set of acceptable answers (miles asserts a single label)
+    assert get_reward("deepscaler")("</think>\\boxed{3}", ["2", "3"]) == 1.0
+    assert get_reward("math")("\\boxed{3}", ["2", "3"]) == 1.0
+    # an answer that normalises to infinity: miles raises, here it is graded 0
+    assert get_reward("math")("\\boxed{\\infty}", "5") == 0.0
+
+
+def test_extraction() -> None:
+    assert math_grader.last_boxed("a \\boxed{\\frac{1}{\\sqrt{2}}} b") == "\\frac{1}{\\sqrt{2}}"
+    assert math_grader.last_boxed("\\boxed{1} and \\boxed{{2}}") == "{2}"
+    assert math_grader.last_boxed("nothing") is None
+    assert math_grader.last_boxed("\\boxed 5 {x}") is None
 
 
 @pytest.mark.parametrize(
@@ -170,3 +99,32 @@ def test_lazy_entries_import_their_module(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert "lazy_by_name" not in sys.modules
     assert get_reward("by_name")("x", "y") == 0.5
     assert get_reward("registering")("x", "y") == 0.25
+
+
+async def async_length_reward(args, sample) -> dict:
+    """A miles-style custom reward: async, (args, sample), a dict under --reward-key."""
+    return {"score": len(sample.response) / 10, "other": -1.0}
+
+
+def test_custom_reward_functions_use_miles_signature() -> None:
+    function = rewards.load_function("tests.test_rewards.async_length_reward")
+    sample = rewards.RewardSample(prompt="p", response="abcd", label="x")
+    value = rewards.call_custom_reward(function, None, sample)
+    assert value == {"score": 0.4, "other": -1.0}
+    assert rewards.reward_value(value, "score") == pytest.approx(0.4)
+    assert rewards.reward_value(1, None) == 1.0
+    with pytest.raises(ValueError, match=r"the reward is a dict \(keys: other, score\)"):
+        rewards.reward_value(value, None)
+    with pytest.raises(ValueError, match=r"cannot import tests\.test_rewards\.nope"):
+        rewards.load_function("tests.test_rewards.nope")
+
+
+def test_nonzero_std_filter_keeps_groups_whose_rewards_differ() -> None:
+    from trainer.sampling_filters import check_reward_nonzero_std, keeps
+
+    def group(*values: float) -> list:
+        return [rewards.RewardSample("p", "r", "l", reward=v) for v in values]
+
+    assert check_reward_nonzero_std(None, group(1.0, 0.0, 1.0)) is True
+    assert check_reward_nonzero_std(None, group(1.0, 1.0, 1.0)) is False
+    assert keeps(True) and not keeps(type("Out", (), {"keep": False})())

@@ -54,6 +54,7 @@ def test_amd_launcher_argv_builds_the_expected_server_args() -> None:
         "enable_memory_saver": True,
         "enable_weights_cpu_backup": True,
         "max_loras_per_batch": 2,
+        "sampling_defaults": "openai",
     }  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import re
 import sys
@@ -25,6 +26,47 @@ SGLANG_PREFIX = "--sglang-"
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+([eE][-+]?\d+)?$|^-\d+[eE][-+]?\d+$")
 _SECRET_NAME = re.compile(r"key|token|secret|password", re.IGNORECASE)
 _REDACTED = "<redacted>"
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+MILES_NONZERO_STD_FILTER = (
+    "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+)
+# Megatron model-architecture flags of miles' launchers: Bridge mode reads them from the HF config.
+_MEGATRON_ARCHITECTURE = frozenset(
+    [
+        "--num-layers",
+        "--hidden-size",
+        "--ffn-hidden-size",
+        "--num-attention-heads",
+        "--group-query-attention",
+        "--num-query-groups",
+        "--kv-channels",
+        "--max-position-embeddings",
+        "--position-embedding-type",
+        "--rotary-base",
+        "--rotary-percent",
+        "--rotary-scaling-factor",
+        "--normalization",
+        "--norm-epsilon",
+        "--swiglu",
+        "--untie-embeddings-and-output-weights",
+        "--vocab-size",
+        "--make-vocab-size-divisible-by",
+        "--disable-bias-linear",
+        "--add-qkv-bias",
+        "--qk-layernorm",
+        "--use-rotary-position-embeddings",
+        "--seq-length",
+        "--multi-latent-attention",
+        "--q-lora-rank",
+        "--kv-lora-rank",
+        "--qk-head-dim",
+        "--qk-pos-emb-head-dim",
+        "--v-head-dim",
+        "--num-experts",
+        "--spec",
+    ]
+)
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 
 
 class UsageError(Exception):
@@ -65,9 +107,58 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--input-key", default="prompt")
     g.add_argument("--label-key", default="label")
     g.add_argument("--apply-chat-template", action="store_true")
+    g.add_argument(
+        "--apply-chat-template-kwargs",
+        type=_json_object,
+        default={},
+        help="JSON object for the chat template, e.g. '{\"enable_thinking\": false}'",
+    )
     g.add_argument("--rollout-shuffle", action="store_true")
     g.add_argument("--num-epoch", type=int, help="epochs to train when --num-rollout is unset")
     g.add_argument("--rm-type", choices=reward_names(), default="math")
+    g.add_argument(
+        "--custom-rm-path",
+        help="module.function called as fn(args, sample) -> reward (may be async), as in miles",
+    )
+    g.add_argument("--reward-key", help="the key of the reward in a reward function's dict")
+    g.add_argument(
+        "--over-sampling-batch-size",
+        type=int,
+        help="prompts per generation round with dynamic sampling (default --rollout-batch-size)",
+    )
+    g.add_argument(
+        "--dynamic-sampling-filter-path",
+        help="module.function(args, group) -> keep?; miles' check_reward_nonzero_std path works",
+    )
+    g.add_argument(
+        "--overlong-filter",
+        action="store_true",
+        help="DAPO: truncated responses (no EOS within the length limit) count in no loss",
+    )
+    g.add_argument(
+        "--overlong-buffer-len",
+        type=int,
+        help="DAPO soft overlong penalty: tokens before --rollout-max-response-len where it starts",
+    )
+    g.add_argument(
+        "--overlong-penalty-factor",
+        type=float,
+        default=1.0,
+        help="the reward penalty at --rollout-max-response-len (with --overlong-buffer-len)",
+    )
+    g.add_argument(
+        "--rollout-stop",
+        nargs="+",
+        metavar="TEXT",
+        help="stop strings: a response ends with the first one it produces (hf rollout backend)",
+    )
+    g.add_argument(
+        "--rollout-stop-token-ids",
+        type=int,
+        nargs="+",
+        metavar="ID",
+        help="token ids that end a response, besides EOS (hf rollout backend)",
+    )
     g.add_argument("--num-rollout", type=int, help="rollout (= optimizer update) count")
     g.add_argument("--rollout-batch-size", type=int, default=4, help="prompts per rollout")
     g.add_argument("--n-samples-per-prompt", type=int, default=4, help="GRPO group size")
@@ -77,6 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rollout-top-p", type=float, default=1.0)
     g.add_argument("--rollout-top-k", type=int, default=-1, help="-1 disables top-k")
     g.add_argument("--global-batch-size", type=int, help="samples per optimizer step")
+    g.add_argument(
+        "--num-steps-per-rollout",
+        type=int,
+        help="optimizer steps per rollout: sets --global-batch-size to the rollout's samples / N",
+    )
+    g.add_argument(
+        "--use-dynamic-global-batch-size",
+        action="store_true",
+        help="train each rollout's samples in one optimizer step (needs --use-dynamic-batch-size)",
+    )
     g.add_argument("--micro-batch-size", type=int, default=1)
     g.add_argument("--balance-data", action="store_true")
 
@@ -101,23 +202,59 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--clip-grad", type=float, default=1.0, help="max grad norm; 0 disables")
 
     g = p.add_argument_group("GRPO")
-    g.add_argument("--advantage-estimator", choices=("grpo",), default="grpo")
+    g.add_argument(
+        "--advantage-estimator",
+        choices=("grpo", "gspo"),
+        default="grpo",
+        help="gspo: GRPO advantages with one (sequence-level) ratio per response",
+    )
+    g.add_argument(
+        "--ref-load",
+        help="reference checkpoint; with LoRA the reference is --hf-checkpoint without the adapter",
+    )
+    g.add_argument(
+        "--kl-coef",
+        type=float,
+        default=0.0,
+        help="reward-shaping KL (miles: ppo/reinforce++ only; no effect with grpo, so must be 0)",
+    )
+    g.add_argument(
+        "--disable-grpo-std-normalization",
+        dest="grpo_std_normalization",
+        action="store_false",
+        help="only centre rewards on the group mean (Dr.GRPO); by default also divide by the std",
+    )
     g.add_argument(
         "--normalize-advantages",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="divide group-centred rewards by the group std",
+        action="store_true",
+        help="whiten the advantages over all response tokens of the rollout (every DP rank)",
     )
     g.add_argument("--use-kl-loss", action="store_true")
     g.add_argument("--kl-loss-coef", type=float, default=0.0)
-    g.add_argument("--kl-loss-type", choices=("k1", "k2", "k3", "low_var_kl"), default="low_var_kl")
+    g.add_argument("--kl-loss-type", choices=KL_TYPES, default="k1")
     g.add_argument("--entropy-coef", type=float, default=0.0)
     g.add_argument("--eps-clip", type=float, default=0.2)
     g.add_argument("--eps-clip-high", type=float, help="upper clip; defaults to --eps-clip")
     g.add_argument(
+        "--eps-clip-c", type=float, help="dual-clip PPO: cap a negative advantage's loss (> 1)"
+    )
+    g.add_argument(
+        "--use-tis",
+        action="store_true",
+        help="truncated importance sampling against the rollout engine's log-probs",
+    )
+    g.add_argument("--tis-clip", type=float, default=2.0, help="upper bound of the TIS weight")
+    g.add_argument("--tis-clip-low", type=float, default=0.0, help="lower bound of the TIS weight")
+    g.add_argument(
+        "--calculate-per-token-loss",
+        action="store_true",
+        help="token mean over the step (miles); default: per-sample mean (--loss-agg)",
+    )
+    g.add_argument(
         "--loss-agg",
-        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
-        default="token-mean",
+        choices=AGG_MODES,
+        help="this project's finer choice; default seq-mean-token-mean, or token-mean with "
+        "--calculate-per-token-loss",
     )
 
     g = p.add_argument_group("wandb (the key comes from WANDB_API_KEY only)")
@@ -185,6 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--validate-only", action="store_true", help="print the resolved config as JSON and exit"
     )
+    g.add_argument(
+        "--check-adapter-sync",
+        action="store_true",
+        help="after every update, compare each engine's log-probs of a fixed sequence with the "
+        "trainer's (metric sync/engine_trainer_logprob_abs_diff); needs --rollout-temperature 1",
+    )
     return p
 
 
@@ -214,12 +357,38 @@ def exit_usage(err: UsageError | str) -> NoReturn:
 
 def resolved_config(args: argparse.Namespace) -> dict[str, Any]:
     """The resolved configuration as a JSON-able dict (sorted; secret-looking extras redacted)."""
-    config = dict(sorted(vars(args).items()))
+    config = dict(sorted({**vars(args), "meanings": algorithm_meanings(args)}.items()))
     config["sglang_extra"] = {
         k: (_REDACTED if _SECRET_NAME.search(k) else v)
         for k, v in sorted(args.sglang_extra.items())
     }
     return config
+
+
+def algorithm_meanings(args: argparse.Namespace) -> dict[str, str]:
+    """What the GRPO flags resolve to, in words (``--validate-only`` prints it)."""
+    advantage = "reward - group mean"
+    if args.grpo_std_normalization:
+        advantage += ", divided by the group std"
+    if args.normalize_advantages:
+        advantage += ", then whitened over all response tokens of the rollout"
+    kl = f"{args.kl_loss_type} estimator, "
+    if not args.use_kl_loss:
+        kl += "off (no reference forward)"
+    else:
+        kl += f"in the loss x {args.kl_loss_coef}" if args.kl_loss_coef else "logged only"
+    ratio = "one per response (GSPO)" if args.advantage_estimator == "gspo" else "per token"
+    policy = f"PPO ratio {ratio} clipped to [{1 - args.eps_clip:g}, {1 + args.eps_clip_high:g}]"
+    if args.eps_clip_c is not None:
+        policy += f", dual clip {args.eps_clip_c:g}"
+    if args.use_tis:
+        policy += f", TIS weights in [{args.tis_clip_low:g}, {args.tis_clip:g}]"
+    return {
+        "advantage": advantage,
+        "loss_aggregation": args.loss_agg,
+        "kl": kl,
+        "policy_loss": policy,
+    }
 
 
 def target_modules(args: argparse.Namespace) -> str | list[str]:
@@ -261,6 +430,16 @@ def resolve_dtype(args: argparse.Namespace, device: str) -> str:
     if args.dtype != "auto":
         return args.dtype
     return "fp32" if device == "cpu" else "bf16"
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError("must be a JSON object") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _split(value: str) -> list[str]:
@@ -329,6 +508,11 @@ def _values_taken(nargs: Any, argv: list[str], start: int, *, has_inline: bool) 
 def _unknown_flag_message(name: str, actions: dict[str, argparse.Action]) -> str:
     if name == "--wandb-key":
         return "--wandb-key is not accepted: put WANDB_API_KEY in the job's environment instead"
+    if name in _MEGATRON_ARCHITECTURE or name.startswith("--moe-"):
+        return (
+            f"{name} is a Megatron architecture flag: Bridge mode reads the architecture from "
+            "the HF config of --hf-checkpoint; drop it"
+        )
     close = difflib.get_close_matches(name, [a for a in actions if a.startswith("--")], n=3)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
     return f"unrecognized argument {name}{hint}"
@@ -337,14 +521,25 @@ def _unknown_flag_message(name: str, actions: dict[str, argparse.Action]) -> str
 def _resolve(args: argparse.Namespace) -> None:
     if args.eps_clip_high is None:
         args.eps_clip_high = args.eps_clip
+    if args.loss_agg is None:
+        args.loss_agg = "token-mean" if args.calculate_per_token_loss else "seq-mean-token-mean"
+    if args.n_samples_per_prompt == 1:
+        args.grpo_std_normalization = False  # as miles: a group of one has no spread
     if args.num_gpus_per_node is None:
         args.num_gpus_per_node = args.actor_num_gpus_per_node
     if args.rollout_num_gpus is None:
         args.rollout_num_gpus = (
             actor_num_gpus(args) if args.colocate else args.rollout_num_gpus_per_engine
         )
+    samples = args.rollout_batch_size * args.n_samples_per_prompt
+    if args.global_batch_size is None and args.num_steps_per_rollout:
+        args.global_batch_size = samples // args.num_steps_per_rollout
     if args.global_batch_size is None:
-        args.global_batch_size = args.rollout_batch_size * args.n_samples_per_prompt
+        args.global_batch_size = samples
+    if args.over_sampling_batch_size is None:
+        args.over_sampling_batch_size = args.rollout_batch_size
+    if args.dynamic_sampling_filter_path == MILES_NONZERO_STD_FILTER:
+        args.dynamic_sampling_filter_path = "trainer.sampling_filters.check_reward_nonzero_std"
     if args.num_rollout is None and args.num_epoch is None:
         args.num_epoch = 1
     if args.eval_max_response_len is None:
@@ -416,10 +611,62 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
             f"--sglang-mem-fraction-static must be in (0, 1) "
             f"(got {args.sglang_mem_fraction_static})"
         )
+    if args.check_adapter_sync and args.rollout_temperature != 1.0:
+        yield (
+            "--check-adapter-sync compares log-probs at temperature 1: it needs "
+            f"--rollout-temperature 1 (got {args.rollout_temperature})"
+        )
     for name in ("train_python", "rollout_python"):
         value = getattr(args, name)
         if value is not None and not value.startswith("/"):
             yield f"--{name.replace('_', '-')} must be an absolute path (got {value})"
+    yield from positive("num_steps_per_rollout", "over_sampling_batch_size", "tis_clip")
+    yield from non_negative("tis_clip_low", "overlong_penalty_factor")
+    if args.overlong_buffer_len is not None and not (
+        0 < args.overlong_buffer_len <= args.rollout_max_response_len
+    ):
+        yield (
+            f"--overlong-buffer-len must be in (0, --rollout-max-response-len "
+            f"{args.rollout_max_response_len}] (got {args.overlong_buffer_len})"
+        )
+    if args.num_steps_per_rollout and (
+        args.global_batch_size * args.num_steps_per_rollout
+        != args.rollout_batch_size * args.n_samples_per_prompt
+    ):
+        yield (
+            f"--global-batch-size {args.global_batch_size} is not the rollout's samples / "
+            f"--num-steps-per-rollout {args.num_steps_per_rollout}"
+        )
+    if args.use_dynamic_global_batch_size:
+        if not args.use_dynamic_batch_size:
+            yield "--use-dynamic-global-batch-size needs --use-dynamic-batch-size"
+        if args.global_batch_size != args.rollout_batch_size * args.n_samples_per_prompt:
+            yield "--use-dynamic-global-batch-size trains a rollout in one optimizer step"
+    if args.eps_clip_c is not None and args.eps_clip_c <= 1.0:
+        yield f"--eps-clip-c must be > 1 (got {args.eps_clip_c})"
+    if args.use_tis and args.tis_clip_low > args.tis_clip:
+        yield f"--tis-clip-low ({args.tis_clip_low}) must not exceed --tis-clip ({args.tis_clip})"
+    if args.kl_coef != 0:
+        yield (
+            "--kl-coef shapes rewards only for ppo/reinforce++ in miles and has no effect with "
+            f"--advantage-estimator {args.advantage_estimator}: use --use-kl-loss --kl-loss-coef"
+        )
+    for name in ("custom_rm_path", "dynamic_sampling_filter_path"):
+        value = getattr(args, name)
+        if value is not None and not re.fullmatch(r"[\w.]+\.\w+", value):
+            yield f"--{name.replace('_', '-')} must be module.function (got {value})"
+    if args.over_sampling_batch_size < args.rollout_batch_size:
+        yield (
+            f"--over-sampling-batch-size {args.over_sampling_batch_size} must be >= "
+            f"--rollout-batch-size {args.rollout_batch_size}"
+        )
+    if args.lora_dropout > 0:
+        yield (
+            f"--lora-dropout {args.lora_dropout} is refused: old log-probs come without dropout "
+            "and the training forward drops out, so the on-policy PPO ratio is not 1; use 0"
+        )
+    if args.calculate_per_token_loss and args.loss_agg != "token-mean":
+        yield f"--calculate-per-token-loss is token-mean; --loss-agg {args.loss_agg} contradicts it"
     if args.min_lr > args.lr:
         yield f"--min-lr ({args.min_lr}) must not exceed --lr ({args.lr})"
 

@@ -72,7 +72,12 @@ def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 def render_prompt(
-    value: Any, *, tokenizer: Tokenizer | None, apply_chat_template: bool, where: str
+    value: Any,
+    *,
+    tokenizer: Tokenizer | None,
+    apply_chat_template: bool,
+    where: str,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
     if isinstance(value, list):
         if not apply_chat_template:
@@ -92,7 +97,9 @@ def render_prompt(
         raise DataError(f"{where}: the prompt must be a string or a list of chat messages")
     if tokenizer is None:
         raise ValueError("--apply-chat-template needs a tokenizer")
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+    )
 
 
 def load_prompts(
@@ -103,6 +110,7 @@ def load_prompts(
     tokenizer: Tokenizer | None = None,
     apply_chat_template: bool = False,
     max_prompt_len: int | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[Sample]:
     """Every usable prompt of a file; prompts longer than `max_prompt_len` tokens are dropped."""
     if max_prompt_len is not None and tokenizer is None:
@@ -118,6 +126,7 @@ def load_prompts(
             tokenizer=tokenizer,
             apply_chat_template=apply_chat_template,
             where=where,
+            template_kwargs=template_kwargs,
         )
         if (
             max_prompt_len is not None
@@ -214,6 +223,7 @@ def rollout_source_from_args(
         tokenizer=tokenizer,
         apply_chat_template=args.apply_chat_template,
         max_prompt_len=args.rollout_max_prompt_len,
+        template_kwargs=args.apply_chat_template_kwargs,
     )
     return RolloutDataSource(samples, shuffle=args.rollout_shuffle, seed=args.seed)
 
@@ -230,6 +240,7 @@ def eval_sets_from_args(
             tokenizer=tokenizer,
             apply_chat_template=args.apply_chat_template,
             max_prompt_len=args.rollout_max_prompt_len,
+            template_kwargs=args.apply_chat_template_kwargs,
         )
         for name, path in args.eval_datasets.items()
     }

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+from trainer.arguments import AGG_MODES, KL_TYPES
 
 
 def group_advantages(
@@ -34,6 +33,30 @@ def group_advantages(
     if normalize_std and group_size > 1:
         centred = centred / (groups.std(dim=1, keepdim=True) + eps)
     return centred.view(-1)
+
+
+def whiten(values: torch.Tensor, weights: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(v - mean) / sqrt(var + eps)`` with the mean and the unbiased variance weighted by
+    `weights` (miles' ``--normalize-advantages``: a sample's advantage counts once per response
+    token, over every sample of the rollout, i.e. every data-parallel rank)."""
+    values, weights = values.float(), weights.float()
+    count = weights.sum()
+    if count <= 0:
+        raise ValueError("whitening needs at least one response token")
+    mean = (values * weights).sum() / count
+    variance = (values.square() * weights).sum() / count - mean.square()
+    if count >= 2:
+        variance = variance * count / (count - 1)
+    return (values - mean) * torch.rsqrt(variance + eps)
+
+
+def overlong_penalty(
+    lengths: torch.Tensor, max_len: int, buffer_len: int, factor: float
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment, added to the reward: 0 up to ``max_len - buffer_len``
+    tokens, then falling linearly to ``-factor`` at `max_len`."""
+    excess = lengths.float() - (max_len - buffer_len)
+    return -factor * torch.clamp(excess / buffer_len, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -62,12 +85,15 @@ def aggregate(
     mask: torch.Tensor,
     mode: str = "token-mean",
     normalizer: Normalizer | None = None,
+    norm_length: float = 1.0,
 ) -> torch.Tensor:
     """Reduce per-token `values` to a scalar.
 
     token-mean: sum over all tokens / token count. seq-mean-token-mean: mean over each
     sequence's tokens, then mean over sequences. seq-mean-token-sum: sum over each sequence's
-    tokens, then mean over sequences. Sequences without tokens do not count.
+    tokens, then mean over sequences. seq-mean-token-sum-norm (Dr.GRPO): each sequence's token
+    sum divided by the constant `norm_length` (the response budget), then mean over sequences.
+    Sequences without tokens do not count.
     """
     mask = mask.to(values.dtype)
     normalizer = normalizer or Normalizer.from_masks([mask])
@@ -78,6 +104,8 @@ def aggregate(
         per_sequence = masked.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
     elif mode == "seq-mean-token-sum":
         per_sequence = masked.sum(dim=-1)
+    elif mode == "seq-mean-token-sum-norm":
+        per_sequence = masked.sum(dim=-1) / norm_length
     else:
         raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {AGG_MODES}")
     return per_sequence.sum() / _nonzero(normalizer.sequences)
@@ -96,23 +124,52 @@ def policy_loss(
     eps_clip_high: float | None = None,
     agg: str = "token-mean",
     normalizer: Normalizer | None = None,
+    *,
+    eps_clip_c: float | None = None,
+    sequence_ratio: bool = False,
+    weights: torch.Tensor | None = None,
+    norm_length: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate with the ratio clipped to ``[1 - eps_clip, 1 + eps_clip_high]``.
 
-    `advantages` is per sequence ``[B]`` or per token ``[B, T]``. Returns (loss, clip fraction):
-    the fraction of tokens where the clipped term is the one that counts (no gradient there).
+    `advantages` is per sequence ``[B]`` or per token ``[B, T]``. With `eps_clip_c` (dual clip),
+    a negative advantage's loss is capped at ``-eps_clip_c * A``. With `sequence_ratio` (GSPO),
+    every token of a sequence takes the ratio ``exp(mean over its tokens of logp - old)``.
+    `weights` (per token, e.g. truncated importance weights) multiply the per-token loss.
+    Returns (loss, clip fraction): the fraction of tokens where the clipped term counts.
     """
     eps_clip_high = eps_clip if eps_clip_high is None else eps_clip_high
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
-    ratio = torch.exp(torch.clamp(logprobs - old_logprobs, -20.0, 20.0))
+    log_ratio = logprobs - old_logprobs
+    if sequence_ratio:
+        tokens = mask.to(log_ratio.dtype)
+        per_sequence = (log_ratio * tokens).sum(-1, keepdim=True) / tokens.sum(-1, keepdim=True)
+        log_ratio = per_sequence.nan_to_num(0.0).expand_as(log_ratio)
+    ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip_high)
-    loss = aggregate(torch.maximum(unclipped, clipped), mask, agg, normalizer)
+    losses = torch.maximum(unclipped, clipped)
+    if eps_clip_c is not None:
+        losses = torch.where(
+            advantages < 0, torch.minimum(-eps_clip_c * advantages, losses), losses
+        )
+    if weights is not None:
+        losses = losses * weights
+    loss = aggregate(losses, mask, agg, normalizer, norm_length)
     clip_fraction = aggregate(
         (clipped > unclipped).to(logprobs.dtype), mask, "token-mean", normalizer
     )
     return loss, clip_fraction.detach()
+
+
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TIS: ``clamp(exp(old - rollout), low, high)`` per token, the correction for sampling with
+    the rollout engine's numerics; returns (weights, the raw ratios)."""
+    ratio = torch.exp(torch.clamp(old_logprobs - rollout_logprobs, -20.0, 20.0))
+    return torch.clamp(ratio, low, high), ratio
 
 
 def kl_penalty(
@@ -120,15 +177,18 @@ def kl_penalty(
 ) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from sampled tokens' log-probabilities.
 
-    k1: ``log r``; k2: ``0.5 (log r)^2``; k3 / low_var_kl: ``exp(-log r) + log r - 1`` (Schulman's
-    unbiased, non-negative estimator), clamped to [-10, 10] like verl; ``log r = logp - ref``.
+    k1: ``log r``; k2: ``0.5 (log r)^2``; k3: ``exp(-log r) + log r - 1`` (Schulman's unbiased,
+    non-negative estimator); low_var_kl: k3 with ``log r`` clamped to [-20, 20] and the result to
+    [-10, 10] (as miles and verl); ``log r = logp - ref``.
     """
     log_ratio = logprobs - ref_logprobs
     if kind == "k1":
         return log_ratio
     if kind == "k2":
         return 0.5 * log_ratio.square()
-    if kind in ("k3", "low_var_kl"):
+    if kind == "k3":
+        return torch.exp(-log_ratio) + log_ratio - 1.0
+    if kind == "low_var_kl":
         ref_minus_logp = torch.clamp(-log_ratio, -20.0, 20.0)
         return torch.clamp(torch.exp(ref_minus_logp) - ref_minus_logp - 1.0, -10.0, 10.0)
     raise ValueError(f"unknown KL estimator {kind!r}; expected one of {KL_TYPES}")
@@ -144,11 +204,17 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 class GRPOConfig:
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
-    loss_agg: str = "token-mean"
+    loss_agg: str = "seq-mean-token-mean"
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
-    kl_loss_type: str = "low_var_kl"
+    kl_loss_type: str = "k1"
     entropy_coef: float = 0.0
+    eps_clip_c: float | None = None
+    sequence_ratio: bool = False  # GSPO
+    use_tis: bool = False
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    norm_length: float = 1.0  # seq-mean-token-sum-norm's constant
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GRPOConfig:
@@ -160,6 +226,12 @@ class GRPOConfig:
             kl_loss_coef=args.kl_loss_coef,
             kl_loss_type=args.kl_loss_type,
             entropy_coef=args.entropy_coef,
+            eps_clip_c=args.eps_clip_c,
+            sequence_ratio=args.advantage_estimator == "gspo",
+            use_tis=args.use_tis,
+            tis_clip=args.tis_clip,
+            tis_clip_low=args.tis_clip_low,
+            norm_length=float(args.rollout_max_response_len),
         )
 
 
@@ -173,11 +245,13 @@ def grpo_loss(
     ref_logprobs: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     normalizer: Normalizer | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``pg_loss + kl_loss_coef * kl (with use_kl_loss) - entropy_coef * entropy``.
 
     Metrics: ``pg_loss``, ``pg_clipfrac``, ``ppo_ratio`` (token mean), plus ``kl`` when
-    `ref_logprobs` is given and ``entropy`` when `entropy` (per token) is given; with a
+    `ref_logprobs` is given, ``entropy`` when `entropy` (per token) is given, and ``tis`` /
+    ``tis_clipfrac`` with `use_tis` (which needs the rollout engine's `rollout_logprobs`); with a
     `normalizer` each is this micro-batch's share of the step's value.
     """
     config = config or GRPOConfig()
@@ -185,7 +259,18 @@ def grpo_loss(
         raise ValueError("use_kl_loss needs ref_logprobs")
     if config.entropy_coef and entropy is None:
         raise ValueError("entropy_coef needs the per-token entropy")
+    if config.use_tis and rollout_logprobs is None:
+        raise ValueError("use_tis needs rollout_logprobs")
     normalizer = normalizer or Normalizer.from_masks([mask])
+    metrics: dict[str, float] = {}
+    weights = None
+    if config.use_tis:
+        weights, tis = truncated_importance_weights(
+            old_logprobs, rollout_logprobs, config.tis_clip_low, config.tis_clip
+        )
+        metrics["tis"] = float(aggregate(tis, mask, "token-mean", normalizer))
+        clipped = (weights != tis).to(tis.dtype)
+        metrics["tis_clipfrac"] = float(aggregate(clipped, mask, "token-mean", normalizer))
     pg_loss, clip_fraction = policy_loss(
         logprobs,
         old_logprobs,
@@ -195,13 +280,17 @@ def grpo_loss(
         config.eps_clip_high,
         config.loss_agg,
         normalizer,
+        eps_clip_c=config.eps_clip_c,
+        sequence_ratio=config.sequence_ratio,
+        weights=weights,
+        norm_length=config.norm_length,
     )
     ratio = torch.exp(torch.clamp(logprobs - old_logprobs, -20.0, 20.0)).detach()
-    metrics = {
-        "pg_loss": float(pg_loss.detach()),
-        "pg_clipfrac": float(clip_fraction),
-        "ppo_ratio": float(aggregate(ratio, mask, "token-mean", normalizer)),
-    }
+    metrics.update(
+        pg_loss=float(pg_loss.detach()),
+        pg_clipfrac=float(clip_fraction),
+        ppo_ratio=float(aggregate(ratio, mask, "token-mean", normalizer)),
+    )
     loss = pg_loss
     if ref_logprobs is not None:
         kl = aggregate(
@@ -209,12 +298,13 @@ def grpo_loss(
             mask,
             config.loss_agg,
             normalizer,
+            config.norm_length,
         )
         metrics["kl"] = float(kl.detach())
         if config.use_kl_loss:
             loss = loss + config.kl_loss_coef * kl
     if entropy is not None:
-        entropy_value = aggregate(entropy, mask, config.loss_agg, normalizer)
+        entropy_value = aggregate(entropy, mask, config.loss_agg, normalizer, config.norm_length)
         metrics["entropy"] = float(entropy_value.detach())
         if config.entropy_coef:
             loss = loss - config.entropy_coef * entropy_value

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from trainer import checkpoint
+from trainer.arguments import UsageError
 from trainer.backends.base import (
     ForwardOutput,
     Generation,
@@ -39,9 +40,23 @@ from trainer.backends.base import (
 )
 from trainer.backends.colocate import Colocation, Phase
 from trainer.data import RolloutDataSource, Sample, num_rollouts_for_epochs
-from trainer.grpo import GRPOConfig, Normalizer, group_advantages, grpo_loss
+from trainer.grpo import (
+    GRPOConfig,
+    Normalizer,
+    group_advantages,
+    grpo_loss,
+    overlong_penalty,
+    whiten,
+)
 from trainer.metrics import MetricsLogger
-from trainer.rewards import get_reward
+from trainer.rewards import (
+    RewardSample,
+    call_custom_reward,
+    get_reward,
+    load_function,
+    reward_value,
+)
+from trainer.sampling_filters import keeps
 
 Shards = Sequence[Sequence[TrainBatch]]  # per data-parallel rank, its micro-batches
 
@@ -57,6 +72,10 @@ class TrainerGroup(Protocol):
     def train_step(self, shards: Shards, loss_fn: LossFn) -> list[StepResult]: ...
 
     def export_adapter(self) -> LoraAdapter: ...
+
+    def adapter_digests(self) -> list[str]:
+        """`trainer.backends.base.adapter_digest` of every rank's adapter, in rank order."""
+        ...
 
     def save(self, path: Path) -> None: ...
 
@@ -95,11 +114,18 @@ class GRPOLoss:
             ref_logprobs=batch.ref_logprobs,
             entropy=out.entropy,
             normalizer=self.normalizer,
+            rollout_logprobs=batch.rollout_logprobs,
         )
 
 
-def pack(generations: Sequence[Generation], advantages: Sequence[float], pad_id: int) -> TrainBatch:
-    """Right-padded prompt+response rows; per-token tensors align with ``input_ids[:, 1:]``."""
+def pack(
+    generations: Sequence[Generation],
+    advantages: Sequence[float],
+    pad_id: int,
+    drop_truncated: bool = False,
+) -> TrainBatch:
+    """Right-padded prompt+response rows; per-token tensors align with ``input_ids[:, 1:]``.
+    With `drop_truncated` (DAPO overlong filtering) a truncated response has no loss tokens."""
     width = max(len(g.prompt_ids) + len(g.response_ids) for g in generations)
     rows = len(generations)
     input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
@@ -112,7 +138,8 @@ def pack(generations: Sequence[Generation], advantages: Sequence[float], pad_id:
             [*g.prompt_ids, *g.response_ids], dtype=torch.long
         )
         attention_mask[row, : prompt + response] = 1
-        loss_mask[row, prompt - 1 : prompt - 1 + response] = 1.0
+        if not (drop_truncated and g.truncated):
+            loss_mask[row, prompt - 1 : prompt - 1 + response] = 1.0
         rollout_logprobs[row, prompt - 1 : prompt - 1 + response] = torch.tensor(
             g.response_logprobs, dtype=torch.float32
         )
@@ -212,6 +239,8 @@ class GRPOLoop:
         self.eval_sets = dict(eval_sets)
         self.logger_factory = logger_factory
         self.reward_fn = get_reward(args.rm_type)
+        self.custom_rm = _user_function(args.custom_rm_path)
+        self.sampling_filter = _user_function(args.dynamic_sampling_filter_path)
         self.config = GRPOConfig.from_args(args)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
@@ -221,6 +250,8 @@ class GRPOLoop:
         self.pending: LoraAdapter | None = None
         self.saved: Path | None = None
         self._prompt_ids: dict[str, list[int]] = {}
+        self.sync_probe: TrainBatch | None = None  # --check-adapter-sync's fixed sequence
+        self.sync_expected: torch.Tensor | None = None  # the trainer's log-probs of it
 
     # ------------------------------------------------------------------ resume / save
 
@@ -279,18 +310,28 @@ class GRPOLoop:
     def step(self, rollout_id: int) -> dict[str, float]:
         timer = Timer()
         with timer("step"):
-            samples = self.source.next_batch(self.args.rollout_batch_size)
-            with self.colocation.rollout():
-                self.publish(timer)
-                with timer("rollout"):
-                    generations = self.generate(samples, rollout_id, evaluation=False)
-            with timer("reward"):
-                rewards = self.rewards(samples, generations, self.args.n_samples_per_prompt)
+            generations, rewards, sampling = self.collect(rollout_id, timer)
             metrics = rollout_metrics(generations, rewards, self.args.n_samples_per_prompt)
+            metrics.update(sampling)
+            if self.args.overlong_buffer_len:
+                lengths = torch.tensor([len(g.response_ids) for g in generations])
+                penalty = overlong_penalty(
+                    lengths,
+                    self.args.rollout_max_response_len,
+                    self.args.overlong_buffer_len,
+                    self.args.overlong_penalty_factor,
+                )
+                rewards = rewards + penalty
+                metrics["rollout/overlong_penalty_mean"] = float(penalty.mean())
             advantages = group_advantages(
-                rewards, self.args.n_samples_per_prompt, self.args.normalize_advantages
+                rewards, self.args.n_samples_per_prompt, self.args.grpo_std_normalization
             )
+            if self.args.normalize_advantages:
+                lengths = torch.tensor([len(g.response_ids) for g in generations])
+                advantages = whiten(advantages, lengths)
             metrics.update(self.train(generations, advantages, timer))
+            if self.args.check_adapter_sync:
+                metrics.update(self.expect_adapter_sync(generations[0]))
             with timer("export_adapter"):
                 self.pending = self.trainers.export_adapter()
             last = rollout_id + 1 == self.num_rollout
@@ -299,11 +340,105 @@ class GRPOLoop:
                     metrics.update(self.evaluate(rollout_id, timer))
         return {**metrics, **timer.times}
 
+    def collect(
+        self, rollout_id: int, timer: Timer
+    ) -> tuple[list[Generation], torch.Tensor, dict[str, float]]:
+        """``--rollout-batch-size`` groups with their rewards. With a dynamic-sampling filter
+        (DAPO), rounds of ``--over-sampling-batch-size`` prompts are generated and the groups
+        the filter rejects dropped, until enough are kept; after one epoch's worth of prompts
+        without enough, rejected groups fill the rest (miles would wait for ever)."""
+        args, n = self.args, self.args.n_samples_per_prompt
+        target = args.rollout_batch_size
+        kept: list[tuple[list[Generation], torch.Tensor]] = []
+        rejected: list[tuple[list[Generation], torch.Tensor]] = []
+        rounds = prompts = 0
+        while len(kept) < target:
+            if self.sampling_filter is not None and prompts >= max(len(self.source), target):
+                kept.extend(rejected[: target - len(kept)])
+                break
+            size = args.over_sampling_batch_size if self.sampling_filter else target
+            samples = self.source.next_batch(size)
+            with self.colocation.rollout():
+                self.publish(timer)
+                if rounds == 0:
+                    checked = self.check_adapter_sync()
+                with timer("rollout"):
+                    generations = self.generate(
+                        samples, rollout_id, evaluation=False, attempt=rounds
+                    )
+            with timer("reward"):
+                rewards = self.rewards(samples, generations, n)
+            for i, sample in enumerate(samples):
+                group = (generations[i * n : (i + 1) * n], rewards[i * n : (i + 1) * n])
+                keep = self.sampling_filter is None or keeps(
+                    self.sampling_filter(args, self.graded(sample, *group))
+                )
+                (kept if keep else rejected).append(group)
+            rounds += 1
+            prompts += size
+        kept = kept[:target]
+        generations = [g for group, _ in kept for g in group]
+        rewards = torch.cat([r for _, r in kept])
+        if self.sampling_filter is None:
+            return generations, rewards, checked
+        return (
+            generations,
+            rewards,
+            {
+                **checked,
+                "rollout/dynamic_sampling_rounds": float(rounds),
+                "rollout/dynamic_sampling_dropped": float(len(rejected)),
+            },
+        )
+
+    def graded(
+        self, sample: Sample, generations: Sequence[Generation], rewards: torch.Tensor
+    ) -> list[RewardSample]:
+        return [
+            RewardSample(sample.prompt, self.decode(g), sample.label, dict(sample.metadata), r)
+            for g, r in zip(generations, rewards.tolist(), strict=True)
+        ]
+
+    def decode(self, generation: Generation) -> str:
+        return self.tokenizer.decode(generation.response_ids, skip_special_tokens=True)
+
     def publish(self, timer: Timer) -> None:
         if self.pending is not None:
             with timer("load_adapter"):
                 self.engines.load_adapter(self.pending)
             self.pending = None
+
+    def expect_adapter_sync(self, first: Generation) -> dict[str, float]:
+        """The trainer's log-probs of the fixed sequence (the first rollout's first sample)
+        after this update, which the engines must reproduce once they load the new adapter;
+        `sync/adapter_shift` (with vs without the adapter) shows the comparison can fail, and
+        `sync/ranks_off_rank0_adapter` counts data-parallel ranks whose adapter differs."""
+        if self.sync_probe is None:
+            self.sync_probe = pack([first], [0.0], self.pad_id)
+        shards = [[self.sync_probe]] * self.trainers.world_size
+        [with_adapter] = self.trainers.forward(shards, with_adapter=True)[0]
+        [without] = self.trainers.forward(shards, with_adapter=False)[0]
+        response = self.sync_probe.loss_mask[0] > 0  # the tokens a trainer scores
+        self.sync_expected = with_adapter.logprobs[0][response]
+        shift = (with_adapter.logprobs[0] - without.logprobs[0])[response].abs().mean()
+        digests = self.trainers.adapter_digests()
+        return {
+            "sync/adapter_shift": float(shift),
+            "sync/ranks_off_rank0_adapter": float(sum(d != digests[0] for d in digests)),
+        }
+
+    def check_adapter_sync(self) -> dict[str, float]:
+        """Worst mean |engine - trainer| log-prob over the engines, on the fixed sequence, right
+        after the engines loaded the trainer's latest adapter."""
+        if self.sync_probe is None or self.sync_expected is None:
+            return {}
+        served = self.engines.score(self.sync_probe.input_ids[0].tolist())
+        response = self.sync_probe.loss_mask[0] > 0
+        worst = max(
+            float((torch.tensor(scores)[response] - self.sync_expected).abs().mean())
+            for scores in served
+        )
+        return {"sync/engine_trainer_logprob_abs_diff": worst}
 
     def prompt_ids(self, sample: Sample) -> list[int]:
         if sample.prompt not in self._prompt_ids:
@@ -312,10 +447,10 @@ class GRPOLoop:
         return self._prompt_ids[sample.prompt]
 
     def generate(
-        self, samples: Sequence[Sample], rollout_id: int, *, evaluation: bool
+        self, samples: Sequence[Sample], rollout_id: int, *, evaluation: bool, attempt: int = 0
     ) -> list[Generation]:
-        """`n` responses per sample, sampling seeded by (seed, rollout): a resumed run samples
-        what the uninterrupted run would have."""
+        """`n` responses per sample, sampling seeded by (seed, rollout, round): a resumed run
+        samples what the uninterrupted run would have."""
         args = self.args
         if evaluation:
             n, length = args.n_samples_per_eval_prompt, args.eval_max_response_len
@@ -328,7 +463,9 @@ class GRPOLoop:
             temperature=temperature,
             top_p=top_p,
             top_k=args.rollout_top_k,
-            seed=args.seed * 2**20 + salt + rollout_id,
+            seed=args.seed * 2**20 + salt + rollout_id + (attempt << 44),
+            stop_token_ids=tuple(args.rollout_stop_token_ids or ()),
+            stop=tuple(args.rollout_stop or ()),
         )
         prompts = [self.prompt_ids(s) for s in samples for _ in range(n)]
         return self.engines.generate(prompts, params)
@@ -336,11 +473,20 @@ class GRPOLoop:
     def rewards(
         self, samples: Sequence[Sample], generations: Sequence[Generation], n: int
     ) -> torch.Tensor:
-        labels = [s.label for s in samples for _ in range(n)]
-        values = [
-            self.reward_fn(self.tokenizer.decode(g.response_ids, skip_special_tokens=True), label)
-            for g, label in zip(generations, labels, strict=True)
-        ]
+        repeated = [s for s in samples for _ in range(n)]
+        values = []
+        for g, sample in zip(generations, repeated, strict=True):
+            if self.custom_rm is None:
+                value = self.reward_fn(self.decode(g), sample.label)
+            else:
+                graded = RewardSample(
+                    sample.prompt, self.decode(g), sample.label, dict(sample.metadata)
+                )
+                value = call_custom_reward(self.custom_rm, self.args, graded)
+            try:
+                values.append(reward_value(value, self.args.reward_key))
+            except ValueError as err:
+                raise UsageError(str(err)) from None
         return torch.tensor(values, dtype=torch.float32)
 
     def train(
@@ -377,7 +523,12 @@ class GRPOLoop:
         return [
             [
                 [
-                    pack([generations[i] for i in mb], advantages[mb].tolist(), self.pad_id)
+                    pack(
+                        [generations[i] for i in mb],
+                        advantages[mb].tolist(),
+                        self.pad_id,
+                        drop_truncated=self.args.overlong_filter,
+                    )
                     for mb in rank
                 ]
                 for rank in step
@@ -417,6 +568,16 @@ class GRPOLoop:
                 rewards = self.rewards(samples, generations, self.args.n_samples_per_eval_prompt)
                 scores[f"eval/{name}"] = float(rewards.mean())
         return scores
+
+
+def _user_function(path: str | None) -> Callable[..., Any] | None:
+    """A ``module.function`` named on the command line; an unusable one is a usage error."""
+    if path is None:
+        return None
+    try:
+        return load_function(path)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def average_results(results: Sequence[StepResult]) -> dict[str, float]:

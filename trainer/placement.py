@@ -30,6 +30,7 @@ from trainer.backends.base import (
     SamplingParams,
     StepResult,
     TrainBatch,
+    adapter_digest,
 )
 from trainer.backends.colocate import Colocation
 
@@ -180,6 +181,9 @@ class TrainWorker:
     def export_adapter(self) -> LoraAdapter:
         return self.trainer.export_adapter()
 
+    def adapter_digest(self) -> str:
+        return adapter_digest(self.trainer.export_adapter())
+
     def save(self, path: str) -> None:
         self.trainer.save(Path(path))
 
@@ -210,6 +214,9 @@ class RolloutWorker:
 
     def load_adapter(self, adapter: LoraAdapter) -> None:
         self.engine.load_adapter(adapter)
+
+    def score(self, token_ids: Sequence[int]) -> list[list[float]]:
+        return self.engine.score(token_ids)
 
     def release_memory(self) -> None:
         self.engine.release_memory()
@@ -265,6 +272,11 @@ class RayTrainerGroup:
         ray.wait(refs[1:], num_returns=len(refs) - 1, fetch_local=False)
         return adapter
 
+    def adapter_digests(self) -> list[str]:
+        import ray
+
+        return ray.get([w.adapter_digest.remote() for w in self.workers])
+
     def save(self, path: Path) -> None:
         self._all("save", str(path))
 
@@ -309,6 +321,12 @@ class RayEngineGroup:
 
         ref = ray.put(adapter)
         self._all("load_adapter", ref)
+
+    def score(self, token_ids: Sequence[int]) -> list[list[float]]:
+        import ray
+
+        results = ray.get([w.score.remote(list(token_ids)) for w in self.workers])
+        return [scores for result in results for scores in result]
 
     def release_memory(self) -> None:
         self._all("release_memory")

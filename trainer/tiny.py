@@ -1,6 +1,6 @@
 """Build a tiny Qwen3 model, its tokenizer and a tiny task, locally and deterministically.
 
-`python3 -m trainer.tiny --model-dir DIR --data-dir DIR [--seed N]`
+`python3 -m trainer.tiny --model-dir DIR --data-dir DIR [--seed N] [--shape qwen3-0.6b]`
 
 The task ("say <colour>" -> answer with that colour first; reward `--rm-type tiny`) is one a
 randomly initialised model solves now and then (about one sample in sixteen), and GRPO with
@@ -55,12 +55,12 @@ def build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     return tokenizer
 
 
-def build_model(vocab_size: int, eos_token_id: int, pad_token_id: int, seed: int):
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=vocab_size,
+# Model shapes: `tiny` trains on a CPU in a minute; `qwen3-0.6b` is Qwen3-0.6B's body (hidden
+# 1024, 16 query and 8 key-value heads of 128, MLP 3072), deepened to 38 layers so that, with
+# the task's small vocabulary instead of 151,936 embeddings, it still holds about 0.6B
+# parameters: GPU-sized work whose samples still solve the task now and then.
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": dict(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -68,11 +68,34 @@ def build_model(vocab_size: int, eos_token_id: int, pad_token_id: int, seed: int
         num_key_value_heads=2,
         head_dim=16,
         max_position_embeddings=512,
-        tie_word_embeddings=True,
         initializer_range=0.1,
+    ),
+    "qwen3-0.6b": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=38,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=4096,
+        rope_theta=1000000.0,
+    ),
+}
+
+
+def build_model(
+    vocab_size: int, eos_token_id: int, pad_token_id: int, seed: int, shape: str = "tiny"
+):
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
+        **SHAPES[shape],
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
@@ -101,12 +124,18 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
-def build(model_dir: Path, data_dir: Path, seed: int) -> None:
+def build(model_dir: Path, data_dir: Path, seed: int, shape: str = "tiny") -> None:
     model_dir.mkdir(parents=True, exist_ok=True)
     data_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(model_dir)
-    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
+    model = build_model(
+        len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed, shape=shape
+    )
+    if shape != "tiny":
+        import torch
+
+        model = model.to(torch.bfloat16)  # as released checkpoints are stored
     model.save_pretrained(model_dir)
     rng = random.Random(seed)
     write_jsonl(data_dir / "train.jsonl", task_rows(TRAIN_ROWS, rng))
@@ -120,8 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="tiny")
     args = parser.parse_args(argv)
-    build(args.model_dir, args.data_dir, args.seed)
+    build(args.model_dir, args.data_dir, args.seed, args.shape)
     print(f"tiny model in {args.model_dir}, tiny task in {args.data_dir}")
     return 0
 

@@ -36,6 +36,8 @@ class SamplingParams:
     top_k: int = -1
     seed: int | None = None
     first_request: int = 0
+    stop_token_ids: tuple[int, ...] = ()  # end a response, besides the model's EOS
+    stop: tuple[str, ...] = ()  # stop strings: a response ends with the first one it produces
 
     def request_seed(self, index: int) -> int | None:
         if self.seed is None:
@@ -64,6 +66,21 @@ class LoraAdapter:
     tensors: Mapping[str, torch.Tensor]
     config: Mapping[str, Any]
     version: int = 0
+
+
+def adapter_digest(adapter: LoraAdapter) -> str:
+    """SHA-256 of an adapter's tensors (names, shapes, dtypes and bytes): data-parallel ranks
+    that stay in step hold adapters with equal digests."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name in sorted(adapter.tensors):
+        tensor = adapter.tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 @dataclass
@@ -112,6 +129,11 @@ class RolloutEngine(Protocol):
     ) -> list[Generation]: ...
 
     def load_adapter(self, adapter: LoraAdapter) -> None: ...
+
+    def score(self, token_ids: Sequence[int]) -> list[list[float]]:
+        """Log-probabilities of ``token_ids[1:]``, each given the tokens before it, under the
+        adapter being served (temperature 1): one list per engine serving behind this object."""
+        ...
 
     def release_memory(self) -> None: ...
 

@@ -33,6 +33,10 @@ def sampling_params(params: SamplingParams, count: int) -> list[dict[str, Any]]:
         "top_p": params.top_p,
         "top_k": params.top_k,
     }
+    if params.stop:
+        shared["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        shared["stop_token_ids"] = list(params.stop_token_ids)
     if params.seed is None:
         return [dict(shared) for _ in range(count)]
     return [{**shared, "sampling_seed": params.request_seed(i)} for i in range(count)]
@@ -86,3 +90,20 @@ def parse_outputs(
     if len(outputs) != len(prompts):
         raise GenerationError(f"{len(prompts)} prompts but {len(outputs)} SGLang outputs")
     return [parse_output(p, o) for p, o in zip(prompts, outputs, strict=True)]
+
+
+def parse_input_logprobs(token_ids: Sequence[int], output: Mapping[str, Any]) -> list[float]:
+    """Log-probabilities of ``token_ids[1:]`` from a prefill with ``return_logprob=True`` and
+    ``logprob_start_len=0``: ``meta_info.input_token_logprobs`` holds one ``(logprob, token_id,
+    text)`` per input token, the first without a log-probability (nothing precedes it)."""
+    meta = output.get("meta_info")
+    entries = meta.get("input_token_logprobs") if isinstance(meta, Mapping) else None
+    if entries is None or len(entries) != len(token_ids):
+        count = "none" if entries is None else len(entries)
+        raise GenerationError(
+            f"expected {len(token_ids)} input_token_logprobs (logprob_start_len=0), got {count}"
+        )
+    for position, (entry, token) in enumerate(zip(entries, token_ids, strict=True)):
+        if len(entry) < 2 or int(entry[1]) != token or (position and entry[0] is None):
+            raise GenerationError(f"malformed input logprob entry {position}: {entry!r}")
+    return [float(entry[0]) for entry in entries[1:]]

@@ -6,6 +6,10 @@ before top-p/top-k truncation: the definition the policy trainer uses, so
 `train_rollout_logprob_abs_diff` measures the numerical drift between generation (KV cache,
 left padding) and training, never a difference of definitions. Only one step of logits is kept
 at a time. Sampling uses exactly the given parameters, never the model's generation defaults.
+
+Each sample draws from its own generator, seeded from its request seed: the n samples
+of one prompt always differ in their randomness, and a sample does not depend on the batch it
+shares. Without a seed, the row seeds come from torch's global generator.
 """
 
 from __future__ import annotations
@@ -44,6 +48,84 @@ class _SampledLogprobs:
         return torch.stack(self.steps, dim=1)
 
 
+def row_seeds(params: SamplingParams, rows: int) -> list[int]:
+    """One seed per sample: its request seed (`SamplingParams.request_seed`, distinct over every
+    engine of a batch) mixed by numpy's SeedSequence, or drawn at random without a seed."""
+    import numpy as np
+    import torch
+
+    if params.seed is None:
+        return [int(s) for s in torch.randint(0, 2**62, (rows,))]
+    return [
+        int(np.random.SeedSequence(params.request_seed(row)).generate_state(1)[0])
+        for row in range(rows)
+    ]
+
+
+class _PerRowSampler:
+    """The last logits processor: applies temperature, top-k and top-p (transformers' warpers),
+    samples each row's next token with that row's own generator, and leaves only that token
+    possible, so generation proceeds greedily over the sampled tokens."""
+
+    def __init__(self, params: SamplingParams, seeds: Sequence[int], device: Any) -> None:
+        import torch
+        from transformers import (
+            LogitsProcessorList,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        self.generators = [torch.Generator(device).manual_seed(seed) for seed in seeds]
+        warpers: list[Any] = [TemperatureLogitsWarper(params.temperature)]
+        if params.top_k > 0:
+            warpers.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(params.top_p))
+        self.warpers = LogitsProcessorList(warpers)
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        probs = self.warpers(input_ids, scores).float().softmax(-1)
+        tokens = torch.stack(
+            [
+                torch.multinomial(row, 1, generator=g)
+                for row, g in zip(probs, self.generators, strict=True)
+            ]
+        )
+        return torch.full_like(scores, float("-inf")).scatter_(1, tokens, 0.0)
+
+
+class _StopStrings:
+    """A stopping criterion: a row is done once the text of its last new tokens (as many as the
+    longest stop string has characters) contains a stop string; remembers after how many new
+    tokens each row first stopped (rows that stopped are padded from then on)."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str], prompt_width: int) -> None:
+        self.tokenizer = tokenizer
+        self.stops = tuple(stops)
+        self.tail = max(len(stop) for stop in self.stops)
+        self.prompt_width = prompt_width
+        self.ends: dict[int, int] = {}
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        produced = input_ids.shape[1] - self.prompt_width
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for row in range(input_ids.shape[0]):
+            if row in self.ends:
+                done[row] = True
+                continue
+            tail = input_ids[row, max(self.prompt_width, input_ids.shape[1] - self.tail) :]
+            text = self.tokenizer.decode(tail.tolist(), skip_special_tokens=True)
+            if any(stop in text for stop in self.stops):
+                self.ends[row] = produced
+                done[row] = True
+        return done
+
+
 class HFRolloutEngine:
     """A transformers causal LM that samples responses; LoRA adapters arrive in memory."""
 
@@ -64,13 +146,15 @@ class HFRolloutEngine:
         self.model.generation_config = GenerationConfig(
             eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id
         )
+        self.model_path = model_path
         self.adapter_version: int | None = None
+        self._tokenizer: Any = None
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
     ) -> list[Generation]:
         import torch
-        from transformers import GenerationConfig, LogitsProcessorList
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         if not prompts:
             return []
@@ -80,33 +164,45 @@ class HFRolloutEngine:
         for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
-        if params.seed is not None:
-            torch.manual_seed(params.request_seed(0))
         greedy = params.temperature <= 0
         recorder = _SampledLogprobs(1.0 if greedy else params.temperature)
+        processors: list[Any] = [recorder]
+        if not greedy:
+            seeds = row_seeds(params, len(prompts))
+            processors.append(_PerRowSampler(params, seeds, self.device))
         config = GenerationConfig(
-            do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p,
-            top_k=None if greedy else max(params.top_k, 0),  # 0: off (unset means 50)
+            do_sample=False,  # sampling happens in _PerRowSampler
             max_new_tokens=params.max_new_tokens,
-            eos_token_id=sorted(self.eos_ids),
+            eos_token_id=sorted(self.eos_ids | set(params.stop_token_ids)),
             pad_token_id=self.pad_id,
         )
+        stop_strings = _StopStrings(self.tokenizer(), params.stop, width) if params.stop else None
         with torch.no_grad():
             sequences = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
                 generation_config=config,
-                logits_processor=LogitsProcessorList([recorder]),
+                logits_processor=LogitsProcessorList(processors),
+                stopping_criteria=StoppingCriteriaList([stop_strings] if stop_strings else []),
             )
         new_tokens = sequences[:, width:]
         logprobs = recorder.finish(new_tokens).cpu()
         new_tokens = new_tokens.cpu()
+        ends = stop_strings.ends if stop_strings else {}
         return [
-            self._generation(prompt, new_tokens[row].tolist(), logprobs[row].tolist(), params)
+            self._generation(
+                prompt, new_tokens[row].tolist(), logprobs[row].tolist(), params, ends.get(row)
+            )
             for row, prompt in enumerate(prompts)
         ]
+
+    def tokenizer(self) -> Any:
+        """The checkpoint's tokenizer, loaded on first use (stop strings need it)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self._tokenizer
 
     def _generation(
         self,
@@ -114,8 +210,12 @@ class HFRolloutEngine:
         tokens: list[int],
         logprobs: list[float],
         params: SamplingParams,
+        stop_string_end: int | None = None,
     ) -> Generation:
-        end = next((i + 1 for i, token in enumerate(tokens) if token in self.eos_ids), None)
+        stops = self.eos_ids | set(params.stop_token_ids)
+        end = next((i + 1 for i, token in enumerate(tokens) if token in stops), None)
+        if stop_string_end is not None:
+            end = stop_string_end if end is None else min(end, stop_string_end)
         length = end if end is not None else len(tokens)
         return Generation(
             prompt_ids=tuple(prompt),
@@ -134,7 +234,19 @@ class HFRolloutEngine:
         result = set_peft_model_state_dict(self.model, tensors)
         if result.unexpected_keys:
             raise ValueError(f"adapter tensors the model lacks: {result.unexpected_keys[:3]}")
+        missing = [key for key in result.missing_keys if ".lora_" in key]
+        if missing:
+            raise ValueError(f"adapter lacks {len(missing)} LoRA tensor(s), e.g. {missing[:3]}")
         self.adapter_version = adapter.version
+
+    def score(self, token_ids: Sequence[int]) -> list[list[float]]:
+        import torch
+
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids).logits[0, :-1].float()
+        logprobs = logits.log_softmax(-1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
+        return [logprobs.cpu().tolist()]
 
     def release_memory(self) -> None:
         if self.device.type != "cpu":

@@ -157,6 +157,7 @@ class PeftPolicyTrainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, optim.lr_factor)
         self.steps = 0
+        self.skipped_steps = 0  # optimizer steps skipped for non-finite gradients
 
     def forward(
         self, batch: TrainBatch, *, with_adapter: bool, with_entropy: bool = False
@@ -220,10 +221,16 @@ class PeftPolicyTrainer:
         clip = self.optim_settings.clip_grad if self.optim_settings.clip_grad > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
+        skipped = not math.isfinite(grad_norm)
+        if skipped:  # as Megatron: a NaN/inf gradient would corrupt the adapter and Adam state
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
         self.steps += 1
-        return StepResult(grad_norm=grad_norm, metrics={**totals, "lr": lr})
+        metrics = {**totals, "lr": lr, "skipped_step": float(skipped)}
+        return StepResult(grad_norm=grad_norm, metrics=metrics)
 
     def _to_device(self, batch: TrainBatch) -> TrainBatch:
         moved = {

@@ -54,6 +54,7 @@ MANAGED_FIELDS: dict[str, str] = {
     "base_gpu_id": "the job's GPU placement",
     "enable_memory_saver": "--colocate",
     "enable_weights_cpu_backup": "--lora-base-cpu-backup",
+    "sampling_defaults": "the trainer (the rollout samples exactly with its sampling flags)",
 }
 
 # Adapter slots per batch: the loop loads each new adapter under a fresh name before it
@@ -351,6 +352,9 @@ def build_server_args(
         "max_lora_rank": args.lora_rank,
         "lora_target_modules": lora_target_modules(args),
         "max_loras_per_batch": LORA_SLOTS,
+        # Unset sampling fields take SGLang's neutral defaults, not the checkpoint's
+        # generation_config.json (a min_p or repetition penalty would change the policy).
+        "sampling_defaults": "openai",
     }
     optional = {
         "mem_fraction_static": args.sglang_mem_fraction_static,

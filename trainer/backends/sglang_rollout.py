@@ -28,7 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from trainer.backends.base import Generation, LoraAdapter, SamplingParams
-from trainer.backends.generation_parsing import parse_outputs, sampling_params
+from trainer.backends.generation_parsing import (
+    parse_input_logprobs,
+    parse_outputs,
+    sampling_params,
+)
 from trainer.backends.registry import gpu_index
 from trainer.backends.sglang_args import build_server_args
 
@@ -65,6 +69,19 @@ class SGLangRolloutEngine:
             lora_path=[self._adapter_name] * len(prompts) if self._adapter_name else None,
         )
         return parse_outputs(prompts, outputs)
+
+    def score(self, token_ids: Sequence[int]) -> list[list[float]]:
+        """A prefill of `token_ids` with input log-probabilities (one token generated, unused)."""
+        if self._released:
+            raise RuntimeError("score called while the rollout engine's memory is released")
+        output = self._engine.generate(
+            input_ids=list(token_ids),
+            sampling_params={"max_new_tokens": 1, "temperature": 1.0},
+            return_logprob=True,
+            logprob_start_len=0,
+            lora_path=self._adapter_name,
+        )
+        return [parse_input_logprobs(token_ids, output)]
 
     def load_adapter(self, adapter: LoraAdapter) -> None:
         """Serve `adapter` from now on: load it under a fresh name, then drop the previous one."""

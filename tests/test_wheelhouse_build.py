@@ -1,0 +1,177 @@
+"""`build` against a local index of synthetic wheels (`--no-index --find-links`): pip's real
+resolver and downloader, offline."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.wheel_factory import make_wheel
+from wheelhouse.__main__ import main
+from wheelhouse.resolve import keep_constraints
+from wheelhouse.target import Target
+
+NODE = {
+    "format": 1,
+    "python": {"version": "3.12.3", "implementation": "cpython", "abi": "cp312"},
+    "platform": "linux-x86_64",
+    "glibc": "2.28",
+    "platform_tags": ["manylinux_2_28_x86_64", "manylinux2014_x86_64", "linux_x86_64"],
+    "distributions": [
+        {"name": "torch", "version": "2.11.0+cu130", "requires": []},
+        {"name": "nvidia-fake-cu13", "version": "13.0.0", "requires": []},
+        {"name": "filelock", "version": "3.0.0", "requires": []},
+        {"name": "small-thing", "version": "1.0", "requires": []},
+    ],
+}
+
+
+@pytest.fixture
+def index(tmp_path: Path, monkeypatch) -> Path:
+    """A local index; pip's own configuration (mirrors, global constraints) switched off."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    for name in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT"):
+        monkeypatch.delenv(name, raising=False)
+    idx = tmp_path / "index"
+    make_wheel(idx, "torch", "2.11.0", requires=["nvidia-fake-cu13==13.0.1", "filelock"])
+    # a newer torch the resolver would prefer, with a filelock cap that shows it was taken
+    make_wheel(idx, "torch", "2.12.0", requires=["filelock<3.10"])
+    make_wheel(idx, "nvidia-fake-cu13", "13.0.1")
+    make_wheel(idx, "filelock", "3.20.0")
+    make_wheel(idx, "filelock", "3.5.0")
+    make_wheel(idx, "Small_Thing", "1.0")
+    make_wheel(idx, "helper", "1.0", requires=["nvidia-fake-cu13"])
+    make_wheel(
+        idx,
+        "app",
+        "1.0",
+        requires=["torch>=2.10", "filelock>=3.1", "small-thing", 'helper; extra == "fast"'],
+        extras=["fast"],
+    )
+    make_wheel(idx, "app2", "1.0", requires=["native-src", "filelock>=3.1"])
+    write_sdist(idx, "native_src", "1.0")
+    return idx
+
+
+def write_sdist(folder: Path, name: str, version: str) -> Path:
+    """A real setuptools source distribution with one module, `NAME.py`."""
+    root = f"{name}-{version}"
+    files = {
+        f"{root}/pyproject.toml": (
+            '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+            f'[project]\nname = "{name}"\nversion = "{version}"\n'
+            f'[tool.setuptools]\npy-modules = ["{name}"]\n'
+        ),
+        f"{root}/{name}.py": "BUILT_ON_THE_NODE = True\n",
+        f"{root}/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+    }
+    path = folder / f"{root}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for member, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def build(tmp_path: Path, index: Path, *argv: str) -> dict:
+    node = tmp_path / "node.json"
+    node.write_text(json.dumps(NODE))
+    out = tmp_path / "wh"
+    common = ["--inventory", str(node), "--no-index", "--find-links", str(index), "-o", str(out)]
+    assert main(["build", *argv, *common]) == 0
+    return json.loads((out / "manifest.json").read_text())
+
+
+def test_resolve_keeps_the_node_torch_and_what_only_torch_needs(tmp_path, index, capsys):
+    manifest = build(tmp_path, index, "app")
+    assert sorted(manifest["wheels"]) == [
+        "app-1.0-py3-none-any.whl",
+        "filelock-3.20.0-py3-none-any.whl",
+    ]
+    assert manifest["wheels"]["filelock-3.20.0-py3-none-any.whl"]["replaces"] == "filelock 3.0.0"
+    out = capsys.readouterr().out
+    assert "replaces node's filelock 3.0.0" in out
+    assert "node has small-thing==1.0" in out
+    assert out.strip().splitlines()[-1].startswith("batch-1: 2 wheels, ")
+    node_python_here = sys.version_info[:2] == (3, 12)
+    assert ("pip evaluates environment markers for this Python" in out) != node_python_here
+
+
+def test_resolve_follows_extras_past_torch(tmp_path, index):
+    manifest = build(tmp_path, index, "app[fast]")
+    names = sorted(w.split("-")[0] for w in manifest["wheels"])
+    assert names == ["app", "filelock", "helper", "nvidia_fake_cu13"]
+
+
+def test_no_deps_takes_exactly_the_pins_minus_what_the_node_has(tmp_path, index, capsys):
+    manifest = build(tmp_path, index, "--no-deps", "small-thing==1.0", "filelock==3.20.0")
+    assert list(manifest["wheels"]) == ["filelock-3.20.0-py3-none-any.whl"]
+    assert "node has small-thing==1.0" in capsys.readouterr().out
+
+
+def test_nothing_to_build_is_one_line(tmp_path, index, capsys):
+    node = tmp_path / "node.json"
+    node.write_text(json.dumps(NODE))
+    argv = ["build", "--no-deps", "Small.Thing==1.0", "--inventory", str(node), "-o", "wh"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == "wheelhouse: error: the node already has everything requested: nothing to build\n"
+
+
+def test_keep_constraints_pin_public_versions_only():
+    target = Target(
+        "3.12",
+        ("manylinux_2_28_x86_64",),
+        have={"torch": "2.11.0+cu130", "nvidia-nccl-cu13": "2.28.9", "triton": "3.6.0"},
+    )
+    assert keep_constraints(target, ["torch", "Flash_Attn"]) == ["torch==2.11.0"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["app"], "say which node"),
+        (
+            ["app", "--python-version", "3.12", "--platform", "x", "--slim", "nope"],
+            "unknown --slim",
+        ),
+        (["--python-version", "3.12", "--platform", "x"], "no requirements given"),
+        (["--python-version", "3.12", "--platform", "x", "app>>1"], "bad requirement"),
+        (["app", "--inventory", "missing.json"], "cannot read inventory"),
+        (["app", "--python-version", "3.12", "--platform", "x", "--batch-mib", "0"], "positive"),
+    ],
+)
+def test_build_input_errors_are_one_line(argv, message, capsys):
+    assert main(["build", *argv, "-o", "wh"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_sdists_are_resolved_carried_and_built_on_the_node(tmp_path, index, capsys):
+    manifest = build(tmp_path, index, "app2", "--sdist", "native-src==1.0")
+    assert sorted(manifest["wheels"]) == [
+        "app2-1.0-py3-none-any.whl",
+        "filelock-3.20.0-py3-none-any.whl",
+        "native_src-1.0.tar.gz",
+    ]
+    assert manifest["wheels"]["native_src-1.0.tar.gz"]["sdist"] is True
+    assert "batch-1: 2 wheels + 1 sdist, " in capsys.readouterr().out
+    site = tmp_path / "site"
+    assert main(["install", str(tmp_path / "wh" / "batch-1"), "--target", str(site)]) == 0
+    assert (site / "native_src.py").read_text() == "BUILT_ON_THE_NODE = True\n"
+
+
+def test_no_deps_sdist_pin_and_bad_sdist_argument(tmp_path, index, capsys):
+    manifest = build(tmp_path, index, "--no-deps", "native-src==1.0", "--sdist", "native_src==1.0")
+    assert list(manifest["wheels"]) == ["native_src-1.0.tar.gz"]
+    argv = ["build", "--no-deps", "x==1", "--python-version", "3.12", "--platform", "x"]
+    assert main([*argv, "--sdist", "native-src", "-o", "wh"]) == 2
+    assert "--sdist 'native-src': expected NAME==VERSION" in capsys.readouterr().err

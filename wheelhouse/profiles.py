@@ -1,0 +1,62 @@
+"""Slimming profiles: which members of which wheels a recipe never uses.
+
+A pattern ending in `/` drops a folder; any other pattern is an `fnmatch` glob over the member's
+path inside the wheel. `strip` runs `strip --strip-unneeded` on the wheel's shared libraries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rule:
+    drop: tuple[str, ...] = ()
+    strip: bool = False
+
+
+# SGLang's Triton attention + Triton LoRA path with sampling_backend=pytorch on Hopper: none of
+# it loads FlashAttention-3, FlashMLA, InfLLM or the sm100 kernels, FlashInfer's CUTLASS/CCCL
+# headers (JIT sources), SGLang's multimodal generation or gRPC cores, the CUDA 12 hook modes of
+# torch_memory_saver, or jedi's bundled stubs (IPython completion only).
+SGLANG_TRITON: dict[str, Rule] = {
+    "sglang-kernel": Rule(
+        drop=(
+            "sgl_kernel/flash_ops.abi3.so",
+            "sgl_kernel/flashmla_ops.abi3.so",
+            "sgl_kernel/infllm_ops*",
+            "sgl_kernel/sm100/",
+        ),
+        strip=True,
+    ),
+    "sglang": Rule(
+        drop=(
+            "sglang/multimodal_gen/",
+            "sglang/srt/grpc/_core*",
+            "sglang/srt/server/_core*",
+            "sglang/srt/multimodal/_core*",
+        )
+    ),
+    "flashinfer-python": Rule(drop=("flashinfer/data/cutlass/", "flashinfer/data/cccl/")),
+    "torch-memory-saver": Rule(
+        drop=(
+            "torch_memory_saver_hook_mode_*_cu12.abi3.so",
+            "torch_memory_saver_hook_mode_preload.abi3.so",
+            "torch_memory_saver_hook_mode_torch.abi3.so",
+        )
+    ),
+    "xgrammar": Rule(drop=("xgrammar/lib/",), strip=True),
+    "jedi": Rule(drop=("jedi/third_party/typeshed/", "jedi/third_party/django-stubs/")),
+}
+
+PROFILES: dict[str, dict[str, Rule]] = {"sglang-triton": SGLANG_TRITON}
+
+
+def rules_for(profiles: list[str]) -> dict[str, Rule]:
+    """The rules of the named profiles merged per (normalised) distribution name."""
+    merged: dict[str, Rule] = {}
+    for name in profiles:
+        for dist, rule in PROFILES[name].items():
+            old = merged.get(dist, Rule())
+            merged[dist] = Rule(old.drop + rule.drop, old.strip or rule.strip)
+    return merged

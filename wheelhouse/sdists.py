@@ -1,0 +1,105 @@
+"""Source distributions carried as they are: packages published without wheels (some compile
+against the node's own torch and CUDA), which pip builds on the node.
+
+pip cannot download them without building their metadata (which needs that torch and nvcc), so
+they are fetched from the index's JSON API (PEP 691) with their sha256 checked, or taken from a
+`--find-links` folder. For pip's binary-only resolver they are stood in for by metadata-only
+wheels that declare no dependencies.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import urllib.parse
+import urllib.request
+import zipfile
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from wheelhouse.batches import WheelhouseError, sha256
+from wheelhouse.names import normalize
+from wheelhouse.target import same_public_version
+
+PYPI = "https://pypi.org/simple"
+SUFFIXES = (".tar.gz", ".zip")
+
+
+def parse_pin(text: str) -> tuple[str, str]:
+    """`NAME==VERSION` -> (normalised name, version)."""
+    try:
+        req = Requirement(text)
+    except InvalidRequirement:
+        req = None
+    pins = [s.version for s in req.specifier if s.operator == "=="] if req else []
+    if req is None or len(pins) != 1 or "*" in pins[0]:
+        raise WheelhouseError(f"--sdist {text!r}: expected NAME==VERSION")
+    return normalize(req.name), pins[0]
+
+
+def is_sdist(filename: str, name: str, version: str) -> bool:
+    """Whether `filename` is the source distribution of name==version."""
+    for suffix in SUFFIXES:
+        if filename.endswith(suffix):
+            dist, sep, ver = filename[: -len(suffix)].rpartition("-")
+            return bool(sep) and normalize(dist) == name and same_public_version(ver, version)
+    return False
+
+
+def fetch(
+    name: str, version: str, into: Path, index_url: str | None, find_links: list[str]
+) -> Path:
+    """The sdist of name==version, copied from a find-links folder or downloaded and checked."""
+    for folder in find_links:
+        for path in sorted(Path(folder).glob("*")):
+            if is_sdist(path.name, name, version):
+                target = into / path.name
+                target.write_bytes(path.read_bytes())
+                return target
+    if index_url is None:
+        raise WheelhouseError(f"no source distribution of {name}=={version} in --find-links")
+    page = f"{index_url.rstrip('/')}/{name}/"
+    request = urllib.request.Request(
+        page, headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            files = json.load(response)["files"]
+        found = [f for f in files if is_sdist(f["filename"], name, version)]
+        if not found:
+            raise WheelhouseError(f"{page} has no source distribution of {name}=={version}")
+        entry = found[0]
+        target = into / entry["filename"]
+        with urllib.request.urlopen(urllib.parse.urljoin(page, entry["url"]), timeout=300) as r:
+            target.write_bytes(r.read())
+    except (OSError, ValueError, KeyError) as err:
+        raise WheelhouseError(f"cannot fetch the sdist of {name}=={version}: {err}") from None
+    expected = entry.get("hashes", {}).get("sha256")
+    if expected and sha256(target) != expected:
+        raise WheelhouseError(f"checksum mismatch: {entry['filename']} from {page}")
+    return target
+
+
+def write_stand_in(folder: Path, name: str, version: str) -> Path:
+    """A metadata-only wheel of name==version (no dependencies) for pip's resolver."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    members = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: wheelhouse\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = ""
+    for member, text in members.items():
+        digest = hashlib.sha256(text.encode()).digest()
+        encoded = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+        record += f"{member},sha256={encoded},{len(text.encode())}\n"
+    record += f"{info}/RECORD,,\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for member, text in {**members, f"{info}/RECORD": record}.items():
+            zf.writestr(member, text)
+    return path
