@@ -319,6 +319,7 @@ def ours_argv(spec: Spec, steps: int) -> list[str]:
         "--micro-batch-size", str(spec.micro_batch),
         "--lora-rank", "64", "--lora-alpha", "32", "--lora-dropout", "0",
         "--target-modules", "all-linear", "--lr", str(spec.lr), "--adam-beta2", "0.999",
+        "--calculate-per-token-loss",  # token mean over the step, as TRL's "dapo" loss
         "--train-backend", "torch", "--rollout-backend", spec.rollout_backend,
         "--device", "cuda" if cuda else "cpu", "--dtype", "bf16" if cuda else "fp32",
         "--seed", str(spec.seed), "--output-dir", str(Path(spec.work) / "ours"),
