@@ -216,7 +216,7 @@ def test_validate_only_shows_the_miles_meanings_of_a_miles_argv(capsys) -> None:
     assert meanings == {
         "advantage": "reward - group mean, then whitened over all response tokens of the rollout",
         "loss_aggregation": "seq-mean-token-mean",
-        "kl": "k1 estimator, logged only",
+        "kl": "k1 estimator, off (no reference forward)",
         "policy_loss": "PPO ratio per token clipped to [0.8, 1.28], dual clip 3, "
         "TIS weights in [0, 2]",
     }

@@ -163,6 +163,78 @@ def test_schedule_splits_steps_ranks_and_micro_batches():
     assert tokens == [10, 10]
 
 
+def test_micro_batches_are_length_bucketed():
+    lengths = [5, 100, 6, 99, 50, 7]
+    [[rank]] = schedule(lengths, global_batch=6, world_size=1, micro_batch=2)
+    assert rank == [[1, 3], [4, 5], [2, 0]]
+    padded = sum(len(mb) * max(lengths[i] for i in mb) for mb in rank)
+    assert padded == 2 * 100 + 2 * 50 + 2 * 6  # contiguous pairs would pad to 2 x (100+99+50)
+    # one sample per micro-batch: nothing to pad, order kept
+    assert schedule(lengths, global_batch=6, world_size=1, micro_batch=1)[0][0] == [
+        [i] for i in range(6)
+    ]
+
+
+class CountingTrainers(LocalTrainers):
+    def __init__(self, trainer) -> None:
+        super().__init__(trainer)
+        self.reference_forwards = 0
+
+    def forward(self, shards, *, with_adapter):
+        self.reference_forwards += not with_adapter
+        return super().forward(shards, with_adapter=with_adapter)
+
+
+def train_once(tiny_dirs, tmp_path, *extra: str):
+    """One rollout's optimizer steps from a fresh trainer: (metrics, gradients, trainers)."""
+    from trainer.loop import Timer
+
+    model, data = tiny_dirs
+    loop, trainers = make_loop(recipe_argv(model, data, tmp_path, *extra))
+    trainers = CountingTrainers(trainers.trainer)
+    loop.trainers = trainers
+    samples = loop.source.next_batch(loop.args.rollout_batch_size)
+    generations = loop.generate(samples, 0, evaluation=False)
+    advantages = torch.linspace(-1.0, 1.0, len(generations))
+    metrics = loop.train(generations, advantages, Timer())
+    grads = [p.grad.clone() for p in trainers.trainer.params]
+    return metrics, grads, trainers
+
+
+def test_reference_forward_runs_only_for_the_kl_loss(tiny_dirs, tmp_path):
+    """Without --use-kl-loss no adapter-disabled forward runs, and the steps are those taken
+    with it at --kl-loss-coef 0 (the KL then only a metric)."""
+    plain, plain_grads, plain_trainers = train_once(tiny_dirs, tmp_path / "a")
+    kl, kl_grads, kl_trainers = train_once(
+        tiny_dirs, tmp_path / "b", "--use-kl-loss", "--kl-loss-coef", "0"
+    )
+    assert plain_trainers.reference_forwards == 0 and kl_trainers.reference_forwards == 1
+    assert "train/kl" not in plain and "train/kl" in kl
+    for key in ("train/pg_loss", "train/grad_norm", "train/entropy", "train/ppo_ratio"):
+        assert plain[key] == kl[key], key
+    for a, b in zip(plain_grads, kl_grads, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_bucketing_keeps_the_steps(tiny_dirs, tmp_path, monkeypatch):
+    """Length-bucketed micro-batches take the steps contiguous micro-batches take."""
+    import trainer.loop
+
+    bucketed, bucketed_grads, _ = train_once(tiny_dirs, tmp_path / "a")
+    monkeypatch.setattr(
+        trainer.loop,
+        "bucketed",
+        lambda indices, lengths, size: [
+            indices[i : i + size] for i in range(0, len(indices), size)
+        ],
+    )
+    contiguous, contiguous_grads, _ = train_once(tiny_dirs, tmp_path / "b")
+    for key in ("train/pg_loss", "train/grad_norm", "train/entropy"):
+        assert bucketed[key] == pytest.approx(contiguous[key], rel=1e-5, abs=1e-7), key
+    for a, b in zip(bucketed_grads, contiguous_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
 def test_rollout_metrics():
     gens = [generation([1], [2]), generation([1], [3, 4, 5], True)] * 2
     metrics = rollout_metrics(gens, torch.tensor([1.0, 0.0, 1.0, 1.0]), group_size=2)
@@ -189,7 +261,7 @@ def test_loop_runs_logs_and_takes_turns_on_the_devices(tiny_dirs, tmp_path, caps
     for record in records:
         for key in (
             "rollout/reward_mean", "rollout/reward_std", "rollout/response_len_mean",
-            "rollout/truncated_ratio", "train/kl", "train/pg_clipfrac", "train/entropy",
+            "rollout/truncated_ratio", "train/pg_clipfrac", "train/entropy",
             "train/train_rollout_logprob_abs_diff", "train/grad_norm", "train/lr",
             "time/rollout", "time/train", "time/logprobs", "time/step", "eval/tiny",
         ):  # fmt: skip

@@ -10,10 +10,16 @@ import pytest
 import torch
 
 from trainer import tiny
-from trainer.backends.base import PolicyTrainer, RolloutEngine, SamplingParams
+from trainer.backends.base import (
+    ForwardOutput,
+    PolicyTrainer,
+    RolloutEngine,
+    SamplingParams,
+    TrainBatch,
+)
 from trainer.backends.hf_rollout import HFRolloutEngine
 from trainer.backends.peft_trainer import LoraSettings, OptimizerSettings, PeftPolicyTrainer
-from trainer.grpo import GRPOConfig, Normalizer
+from trainer.grpo import GRPOConfig, Normalizer, entropy_from_logits
 from trainer.loop import GRPOLoss, pack
 
 PROMPTS = [[1, 4, 7, 8, 2, 1, 6], [1, 4, 7, 12, 2, 1, 6], [1, 4, 7, 15, 2, 1, 6]]
@@ -171,8 +177,9 @@ def test_reference_is_the_base_model_and_training_moves_only_the_policy(model_di
     with torch.no_grad():
         logits = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     expected = logits[:, :-1].log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
-    mask = batch.attention_mask[:, 1:].bool()
+    mask = batch.loss_mask.bool()
     assert torch.allclose(reference[mask], expected[mask], atol=1e-5)
+    assert not reference[~mask].any()  # only the response tokens are scored
 
 
 def test_a_non_finite_gradient_skips_and_counts_the_step(model_dir):
@@ -265,7 +272,7 @@ def test_save_writes_a_peft_adapter_and_load_restores_optimizer_state(model_dir,
     with torch.no_grad():
         logits = peft_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     expected = logits[:, :-1].log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
-    mask = batch.attention_mask[:, 1:].bool()
+    mask = batch.loss_mask.bool()
     ours = trainer.forward(batch, with_adapter=True).logprobs
     assert torch.allclose(ours[mask], expected[mask], atol=1e-5)
 
@@ -322,4 +329,64 @@ def test_factories_build_backends_from_argv(model_dir, tmp_path: Path):
     assert config.lora_dropout == 0.0
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(3e-4)
     assert next(trainer.model.parameters()).dtype == torch.float32
+    assert not trainer.model.base_model.model.model.gradient_checkpointing
     assert isinstance(registry.create_rollout(args, "cpu"), HFRolloutEngine)
+    checkpointed = registry.create_trainer(
+        parse_args(["--hf-checkpoint", model_dir, "--prompt-data", "p.jsonl",
+                    "--gradient-checkpointing"]),
+        "cpu",
+        total_steps=3,
+    )  # fmt: skip
+    assert checkpointed.model.base_model.model.model.gradient_checkpointing
+
+
+class FullLogitsTrainer(PeftPolicyTrainer):
+    """The trainer as it was before `trainer.logprobs`: float32 log-softmax over full logits."""
+
+    def _forward(self, batch: TrainBatch, with_entropy: bool) -> ForwardOutput:
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        scaled = logits[:, :-1].float() / self.temperature
+        logprobs = scaled.log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):
+                entropy = entropy_from_logits(scaled)
+        return ForwardOutput(logprobs=logprobs, entropy=entropy)
+
+
+@pytest.mark.parametrize(
+    ("trainer_class", "options", "targets"),
+    [
+        (FullLogitsTrainer, {}, "all-linear"),
+        (PeftPolicyTrainer, {"gradient_checkpointing": True}, "all-linear"),
+        (FullLogitsTrainer, {}, ("q_proj", "lm_head")),
+    ],
+    ids=["full-logits", "gradient-checkpointing", "adapted-output-layer"],
+)
+def test_optimizer_step_equals_the_reference_computation(
+    model_dir, trainer_class, options, targets
+):
+    """Chunked log-probabilities on response tokens only, with or without activation
+    checkpointing, take the step the full-logits computation takes (entropy bonus included);
+    an output layer with an adapter goes through the model's own forward."""
+    engine = HFRolloutEngine(model_dir)
+    settings = LoraSettings(rank=4, alpha=8.0, target_modules=targets)
+    optim = OptimizerSettings(lr=5e-2, total_iters=10)
+    config = GRPOConfig(use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
+    ours = PeftPolicyTrainer(model_dir, settings, optim, temperature=0.8, entropy_grad=True)
+    other = trainer_class(model_dir, settings, optim, temperature=0.8, entropy_grad=True, **options)
+    assert ours.plain_head == (targets == "all-linear")
+    generations = engine.generate(PROMPTS * 2, SamplingParams(max_new_tokens=5, seed=6))
+    batch = pack(generations, [1.0, -1.0, 0.5, -0.5, 2.0, -2.0], pad_id=0)
+    for _ in range(2):  # the second step starts from a trained adapter
+        loss_for(batch, ours)
+        a = ours.train_step([batch], GRPOLoss(config, Normalizer.from_masks([batch.loss_mask])))
+        b = other.train_step([batch], GRPOLoss(config, Normalizer.from_masks([batch.loss_mask])))
+        assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
+        for key in ("pg_loss", "kl", "entropy", "ppo_ratio"):
+            assert a.metrics[key] == pytest.approx(b.metrics[key], rel=1e-4, abs=1e-6)
+        for p, q in zip(ours.params, other.params, strict=True):
+            # gradients, not weights: Adam turns rounding noise on a zero gradient into +-lr
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7)
+            with torch.no_grad():
+                q.copy_(p)

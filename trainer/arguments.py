@@ -288,6 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     g.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="torch backend: recompute decoder activations in backward (Megatron: --recompute-*)",
+    )
+    g.add_argument(
         "--dtype", choices=("auto", "bf16", "fp32"), default="auto", help="auto: bf16 GPU, fp32 CPU"
     )
 
@@ -368,7 +373,10 @@ def algorithm_meanings(args: argparse.Namespace) -> dict[str, str]:
     if args.normalize_advantages:
         advantage += ", then whitened over all response tokens of the rollout"
     kl = f"{args.kl_loss_type} estimator, "
-    kl += f"in the loss x {args.kl_loss_coef}" if args.use_kl_loss else "logged only"
+    if not args.use_kl_loss:
+        kl += "off (no reference forward)"
+    else:
+        kl += f"in the loss x {args.kl_loss_coef}" if args.kl_loss_coef else "logged only"
     ratio = "one per response (GSPO)" if args.advantage_estimator == "gspo" else "per token"
     policy = f"PPO ratio {ratio} clipped to [{1 - args.eps_clip:g}, {1 + args.eps_clip_high:g}]"
     if args.eps_clip_c is not None:

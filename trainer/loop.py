@@ -9,6 +9,9 @@ over ``--global-batch-size`` samples, split over the data-parallel ranks and int
 The loop drives a `TrainerGroup` (data-parallel ranks) and the rollout engines behind one
 `RolloutEngine`; `trainer.placement` provides them as Ray actors. With ``--colocate`` the two
 take turns on the devices through `trainer.backends.colocate.Colocation`.
+
+Work left out: the reference forward runs only with ``--use-kl-loss``; micro-batches are
+length-bucketed, so they carry little padding.
 """
 
 from __future__ import annotations
@@ -162,6 +165,7 @@ def schedule(
 
     Each step takes the next `global_batch` samples, `global_batch / world_size` per rank. With
     `balance`, a step's samples go longest first to the rank with the fewest tokens so far.
+    A rank's micro-batches are length-bucketed (see `bucketed`).
     """
     per_rank = global_batch // world_size
     steps = []
@@ -178,10 +182,17 @@ def schedule(
             ranks = [sorted(r) for r in ranks]
         else:
             ranks = [indices[r * per_rank : (r + 1) * per_rank] for r in range(world_size)]
-        steps.append(
-            [[r[i : i + micro_batch] for i in range(0, per_rank, micro_batch)] for r in ranks]
-        )
+        steps.append([bucketed(r, lengths, micro_batch) for r in ranks])
     return steps
+
+
+def bucketed(indices: Sequence[int], lengths: Sequence[int], size: int) -> list[list[int]]:
+    """`indices` in micro-batches of `size`, longest first. A micro-batch pads to its longest
+    sample, so samples of similar length together waste the least compute on padding; the
+    step's loss and gradient are sums over its micro-batches with the step's normalizer, so the
+    grouping changes nothing else."""
+    ordered = sorted(indices, key=lambda i: -lengths[i]) if size > 1 else list(indices)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
 def num_rollouts(args: argparse.Namespace, num_prompts: int) -> int:
@@ -407,8 +418,9 @@ class GRPOLoop:
         shards = [[self.sync_probe]] * self.trainers.world_size
         [with_adapter] = self.trainers.forward(shards, with_adapter=True)[0]
         [without] = self.trainers.forward(shards, with_adapter=False)[0]
-        self.sync_expected = with_adapter.logprobs[0]
-        shift = (with_adapter.logprobs[0] - without.logprobs[0]).abs().mean()
+        response = self.sync_probe.loss_mask[0] > 0  # the tokens a trainer scores
+        self.sync_expected = with_adapter.logprobs[0][response]
+        shift = (with_adapter.logprobs[0] - without.logprobs[0])[response].abs().mean()
         digests = self.trainers.adapter_digests()
         return {
             "sync/adapter_shift": float(shift),
@@ -421,8 +433,10 @@ class GRPOLoop:
         if self.sync_probe is None or self.sync_expected is None:
             return {}
         served = self.engines.score(self.sync_probe.input_ids[0].tolist())
+        response = self.sync_probe.loss_mask[0] > 0
         worst = max(
-            float((torch.tensor(scores) - self.sync_expected).abs().mean()) for scores in served
+            float((torch.tensor(scores)[response] - self.sync_expected).abs().mean())
+            for scores in served
         )
         return {"sync/engine_trainer_logprob_abs_diff": worst}
 
@@ -524,15 +538,23 @@ class GRPOLoop:
 
     def attach_logprobs(self, steps: list[list[list[TrainBatch]]]) -> float:
         """Set old (policy) and reference (adapter disabled) log-probabilities on every
-        micro-batch, before any optimizer step; returns mean |old - rollout| per token."""
+        micro-batch, before any optimizer step; returns mean |old - rollout| per token.
+
+        The reference forward costs as much as the policy's and only the KL term reads it: it
+        runs with ``--use-kl-loss`` (with ``--kl-loss-coef 0`` for the KL metric alone, as in
+        miles) and is skipped otherwise."""
         world = self.trainers.world_size
         shards = [[mb for step in steps for mb in step[rank]] for rank in range(world)]
         old = self.trainers.forward(shards, with_adapter=True)
-        ref = self.trainers.forward(shards, with_adapter=False)
+        if self.config.use_kl_loss:
+            ref = self.trainers.forward(shards, with_adapter=False)
+        else:
+            ref = [[None] * len(shard) for shard in shards]
         total = tokens = 0.0
         for shard, old_out, ref_out in zip(shards, old, ref, strict=True):
             for mb, o, f in zip(shard, old_out, ref_out, strict=True):
-                mb.old_logprobs, mb.ref_logprobs = o.logprobs, f.logprobs
+                mb.old_logprobs = o.logprobs
+                mb.ref_logprobs = None if f is None else f.logprobs
                 total += float(((o.logprobs - mb.rollout_logprobs).abs() * mb.loss_mask).sum())
                 tokens += float(mb.loss_mask.sum())
         return total / max(tokens, 1.0)

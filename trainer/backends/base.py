@@ -104,7 +104,8 @@ class TrainBatch:
 
 @dataclass(frozen=True)
 class ForwardOutput:
-    """Per-token log-probabilities (and entropies when asked), aligned with `input_ids[:, 1:]`."""
+    """Per-token log-probabilities (and entropies when asked), aligned with `input_ids[:, 1:]`.
+    Only entries under the batch's `loss_mask` are read; a trainer may leave the others 0."""
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None = None

@@ -1,7 +1,9 @@
 """Portable policy trainer: PEFT LoRA on a transformers causal LM, AdamW, micro-batches.
 
 The reference policy is the same model with its adapter disabled (no second copy). Log-
-probabilities are ``log_softmax(logits / temperature)``, the rollout engine's definition.
+probabilities are ``log_softmax(logits / temperature)``, the rollout engine's definition, taken
+for the tokens under ``loss_mask`` only (0 elsewhere): the output layer runs on those positions,
+a chunk of rows at a time (`trainer.logprobs`), so no ``[tokens, vocab]`` tensor is built.
 With several data-parallel ranks (torch.distributed initialised by the caller), gradients are
 averaged over ranks before clipping; every rank holds the same weights.
 """
@@ -20,6 +22,9 @@ from trainer.backends.devices import empty_cache, torch_dtype
 from trainer.checkpoint import ADAPTER_DIR
 
 STATE_FILE = "trainer_state.pt"
+# Config fields of causal LMs whose logits are more than ``last_hidden_state @ lm_head.weight.T``
+# (those take the full logits from the model's own forward).
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,24 @@ def _json_safe(config: dict[str, Any]) -> dict[str, Any]:
     return safe
 
 
+def _enable_activation_checkpointing(model: Any) -> None:
+    """Non-reentrant checkpointing of every decoder layer (transformers 5 renamed the call)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _scatter(mask: Any, values: Any) -> Any:
+    """`values` (one per True of `mask`) into a zero tensor of `mask`'s shape."""
+    import torch
+
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(
+        mask, values
+    )
+
+
 class PeftPolicyTrainer:
     def __init__(
         self,
@@ -97,8 +120,11 @@ class PeftPolicyTrainer:
         dtype: str = "fp32",
         temperature: float = 1.0,
         entropy_grad: bool = False,
+        gradient_checkpointing: bool = False,
         seed: int = 0,
     ) -> None:
+        """`gradient_checkpointing`: recompute each decoder layer's activations in backward
+        (less memory for long sequences, about a third more compute)."""
         import torch
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
@@ -110,6 +136,17 @@ class PeftPolicyTrainer:
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
         torch.manual_seed(seed)
         self.model = get_peft_model(base, lora.peft_config()).to(self.device)
+        if gradient_checkpointing:
+            _enable_activation_checkpointing(base)
+        head = base.get_output_embeddings()
+        # a LoRA-wrapped or biased output layer goes through the model's own forward
+        self.plain_head = (
+            type(head) is torch.nn.Linear
+            and head.bias is None
+            and not any(
+                getattr(base.config, name, None) not in (None, 1.0) for name in LOGIT_TRANSFORMS
+            )
+        )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -140,19 +177,33 @@ class PeftPolicyTrainer:
     def _forward(self, batch: TrainBatch, with_entropy: bool) -> ForwardOutput:
         import torch
 
-        from trainer.grpo import entropy_from_logits
+        from trainer.logprobs import token_logprobs
 
         input_ids = batch.input_ids.to(self.device)
-        logits = self.model(
-            input_ids=input_ids, attention_mask=batch.attention_mask.to(self.device)
-        ).logits[:, :-1]
-        scaled = logits.float() / self.temperature
-        logprobs = scaled.log_softmax(-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        entropy = None
-        if with_entropy:
-            with torch.set_grad_enabled(self.entropy_grad and torch.is_grad_enabled()):
-                entropy = entropy_from_logits(scaled)
-        return ForwardOutput(logprobs=logprobs, entropy=entropy)
+        attention_mask = batch.attention_mask.to(self.device)
+        mask = batch.loss_mask.to(self.device) > 0
+        targets = input_ids[:, 1:][mask]
+        base = self.model.get_base_model()
+        if self.plain_head:
+            hidden = base.get_decoder()(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            ).last_hidden_state
+            inputs, weight = hidden[:, :-1][mask], base.get_output_embeddings().weight
+        else:
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+            inputs, weight = logits[:, :-1][mask], None
+        logprobs, entropy = token_logprobs(
+            inputs,
+            targets,
+            weight=weight,
+            temperature=self.temperature,
+            with_entropy=with_entropy,
+            entropy_grad=self.entropy_grad and torch.is_grad_enabled(),
+        )
+        return ForwardOutput(
+            logprobs=_scatter(mask, logprobs),
+            entropy=None if entropy is None else _scatter(mask, entropy),
+        )
 
     def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> StepResult:
         import torch
@@ -293,5 +344,6 @@ def create(args: argparse.Namespace, device: str, *, total_steps: int) -> PeftPo
         dtype=resolve_dtype(args, device),
         temperature=args.rollout_temperature,
         entropy_grad=args.entropy_coef != 0,
+        gradient_checkpointing=args.gradient_checkpointing,
         seed=args.seed,
     )

@@ -1,0 +1,821 @@
+"""GRPO LoRA step time: this project against TRL's GRPOTrainer + PEFT, same work, one run.
+
+The workload (issue 10): a Qwen3-architecture model of about 0.6B parameters with random weights
+(hidden 1024, 28 layers, 16 heads, 8 KV heads, head_dim 128, intermediate 3072, vocabulary
+151,936, tied embeddings) and a word-level tokenizer, both built locally; 8 prompts x 8 samples
+per step, 256-token prompts, 512 response tokens with EOS ignored (every sample that long), LoRA
+r=64 alpha=32 dropout 0 on all linear layers, bf16, lr 2e-5, no KL (beta 0), one generation and
+one optimizer update per step.
+
+* *ours*: the project's fastest single-GPU pairing, SGLang rollout + PEFT trainer colocated,
+  driven in this process tree through the project's own backends and `GRPOLoop.step` (the
+  trainer's argv goes through train.py's parser; `--ours-flags` adds to it).
+* *trl*: TRL 1.16's GRPOTrainer + PEFT with the settings of the measured baseline
+  (`use_vllm=False`, its default transformers generation with `min_new_tokens` = response
+  length, 16 x 4 micro-batches, `beta=0`).
+
+Each system lives in its own worker process; after `--warmup` steps each, the parent makes them
+take their timed steps in turn (ours, trl, ours, ...). Reported per system: step time median /
+min / max, rollout tokens/s (generated tokens over the generation time, prefill included),
+training tokens/s (prompt + response tokens over the rest of the step), peak GPU memory (NVML,
+the worker's whole process tree, SGLang's scheduler included; and torch's peak allocated in the
+worker itself), the ratio of medians, and the decode roofline: the rollout's throughput against
+the bound HBM bandwidth sets (weights + LoRA + KV cache read once per decode step).
+
+    python benchmarks/grpo_vs_trl.py                       # the H200 comparison (CUDA)
+    python benchmarks/grpo_vs_trl.py --device cpu --tiny   # tiny model, HF rollout, on CPU
+
+Needs ``pip install -e '.[bench]'`` (trl, datasets) and, for the GPU pairing, SGLang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import multiprocessing
+import os
+import random
+import shlex
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+GIB = 2**30
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+FULL_SHAPE = {
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 4096,
+    "rope_theta": 1000000.0,
+}
+SGLANG_FLAGS = (
+    "--sglang-attention-backend triton --sglang-lora-backend triton "
+    "--sglang-sampling-backend pytorch --sglang-mem-fraction-static 0.15 "
+    "--sglang-cuda-graph-max-bs-decode 64 --sglang-log-level warning --lora-base-cpu-backup"
+)
+
+
+@dataclass
+class Spec:
+    """What both workers build and run (picklable: it travels to the worker processes)."""
+
+    work: str
+    device: str
+    tiny: bool
+    prompts: int
+    samples: int
+    prompt_len: int
+    response_len: int
+    micro_batch: int
+    lr: float
+    seed: int
+    rollout_backend: str
+    ours_flags: list[str] = field(default_factory=list)
+
+    @property
+    def model_dir(self) -> str:
+        return str(Path(self.work) / "model")
+
+    @property
+    def prompt_file(self) -> str:
+        return str(Path(self.work) / "prompts.jsonl")
+
+
+@dataclass
+class StepTime:
+    step_s: float
+    rollout_s: float
+    response_tokens: int
+    total_tokens: int
+
+
+# ---------------------------------------------------------------------------- model, data
+
+
+def build_tokenizer(tiny: bool, *, eos: bool) -> Any:
+    """The tiny task's tokenizer, or a word-level one over ``t<i>`` words for the full vocabulary
+    (the tokenizer of the measured TRL baseline). Without `eos` it has no end-of-sequence token,
+    so no engine stops early: every response is as long as asked."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from trainer import tiny as tiny_task
+
+    specials = list(tiny_task.SPECIAL_TOKENS)
+    if tiny:
+        vocab = tiny_task.vocabulary()
+    else:
+        vocab = {token: index for index, token in enumerate(specials)}
+        vocab.update({f"t{i}": i for i in range(len(specials), FULL_SHAPE["vocab_size"])})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>" if eos else None,
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+    )
+
+
+def prompt_words(spec: Spec) -> list[str]:
+    from trainer import tiny as tiny_task
+
+    if spec.tiny:
+        return [*tiny_task.VERBS, *tiny_task.COLOURS]
+    return [f"t{i}" for i in range(len(tiny_task.SPECIAL_TOKENS), FULL_SHAPE["vocab_size"])]
+
+
+def build_inputs(spec: Spec, rows: int) -> None:
+    """The random-weight model (no EOS in its configs) and tokenizer in `spec.model_dir`, and
+    `rows` prompts of `spec.prompt_len` words in `spec.prompt_file`."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    from trainer import tiny as tiny_task
+
+    tokenizer = build_tokenizer(spec.tiny, eos=False)
+    tokenizer.save_pretrained(spec.model_dir)
+    pad = tokenizer.pad_token_id
+    if spec.tiny:
+        model = tiny_task.build_model(len(tokenizer), pad, pad, spec.seed)
+        model.config.eos_token_id = None
+    else:
+        config = Qwen3Config(
+            **FULL_SHAPE,
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-6,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=pad,
+        )
+        torch.manual_seed(spec.seed)
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(pad_token_id=pad)
+    model.save_pretrained(spec.model_dir)
+    rng = random.Random(spec.seed)
+    words = prompt_words(spec)
+    with open(spec.prompt_file, "w", encoding="utf-8") as f:
+        for _ in range(rows):
+            text = " ".join(rng.choice(words) for _ in range(spec.prompt_len))
+            f.write(json.dumps({"prompt": text, "label": "red"}) + "\n")
+
+
+def prompts_of(spec: Spec) -> list[str]:
+    with open(spec.prompt_file, encoding="utf-8") as f:
+        return [json.loads(line)["prompt"] for line in f]
+
+
+# ---------------------------------------------------------------------------- memory
+
+
+class PeakMemory:
+    """Peak memory of this process tree while running, sampled every 20 ms. On CUDA: NVML's
+    per-process usage (SGLang's scheduler processes included); where NVML reports process ids
+    of another namespace (containers), the device's used memory above `baseline` instead, which
+    then also holds the other system's idle tensors. On the CPU: the resident set."""
+
+    def __init__(self, device: str, baseline: int) -> None:
+        import psutil
+
+        self.cuda = device.startswith("cuda")
+        self.baseline = baseline
+        self.process = psutil.Process()
+        self.peak = 0
+        self.per_process = not self.cuda
+        self._stop = threading.Event()
+        self._handle: Any = None
+        if self.cuda:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _pids(self) -> set[int]:
+        return {self.process.pid, *(c.pid for c in self.process.children(recursive=True))}
+
+    def sample(self) -> int:
+        pids = self._pids()
+        if not self.cuda:
+            import psutil
+
+            total = 0
+            for pid in pids:
+                try:
+                    total += psutil.Process(pid).memory_info().rss
+                except psutil.NoSuchProcess:
+                    continue
+            return total
+        import pynvml
+
+        used = [
+            p.usedGpuMemory or 0
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+            if p.pid in pids
+        ]
+        self.per_process = self.per_process or bool(used)
+        if self.per_process:
+            return sum(used)
+        return pynvml.nvmlDeviceGetMemoryInfo(self._handle).used - self.baseline
+
+    def idle(self) -> None:
+        """Between steps: without per-process numbers, hand cached blocks back to the device,
+        so that the other system's samples count only this one's live tensors."""
+        if self.cuda and not self.per_process:
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            try:
+                self.peak = max(self.peak, self.sample())
+            except Exception:  # a process that ended between listing and reading it
+                continue
+
+    def reset(self) -> None:
+        self.peak = 0
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def device_used(device: str) -> int:
+    """Bytes in use on GPU 0 (0 on the CPU)."""
+    if not device.startswith("cuda"):
+        return 0
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------- ours
+
+
+class InProcessTrainers:
+    """A one-rank `TrainerGroup` over a policy trainer in this process."""
+
+    world_size = 1
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def forward(self, shards: Any, *, with_adapter: bool) -> Any:
+        return [[self.trainer.forward(b, with_adapter=with_adapter) for b in shards[0]]]
+
+    def train_step(self, shards: Any, loss_fn: Any) -> Any:
+        return [self.trainer.train_step(shards[0], loss_fn)]
+
+    def export_adapter(self) -> Any:
+        return self.trainer.export_adapter()
+
+    def save(self, path: Path) -> None:
+        self.trainer.save(path)
+
+    def load(self, path: Path) -> None:
+        self.trainer.load(path)
+
+    def release_memory(self) -> None:
+        self.trainer.release_memory()
+
+    def resume_memory(self) -> None:
+        self.trainer.resume_memory()
+
+
+def ours_argv(spec: Spec, steps: int) -> list[str]:
+    cuda = spec.device.startswith("cuda")
+    argv = [
+        "--hf-checkpoint", spec.model_dir, "--prompt-data", spec.prompt_file,
+        "--rm-type", "tiny", "--num-rollout", str(steps),
+        "--rollout-batch-size", str(spec.prompts), "--n-samples-per-prompt", str(spec.samples),
+        "--rollout-max-response-len", str(spec.response_len),
+        "--global-batch-size", str(spec.prompts * spec.samples),
+        "--micro-batch-size", str(spec.micro_batch),
+        "--lora-rank", "64", "--lora-alpha", "32", "--lora-dropout", "0",
+        "--target-modules", "all-linear", "--lr", str(spec.lr), "--adam-beta2", "0.999",
+        "--calculate-per-token-loss",  # token mean over the step, as TRL's "dapo" loss
+        "--train-backend", "torch", "--rollout-backend", spec.rollout_backend,
+        "--device", "cuda" if cuda else "cpu", "--dtype", "bf16" if cuda else "fp32",
+        "--seed", str(spec.seed), "--output-dir", str(Path(spec.work) / "ours"),
+    ]  # fmt: skip
+    if cuda:
+        argv.append("--colocate")
+    if spec.rollout_backend == "sglang":
+        argv += shlex.split(SGLANG_FLAGS)
+    return argv + spec.ours_flags
+
+
+class Ours:
+    def __init__(self, spec: Spec, steps: int) -> None:
+        from transformers import AutoTokenizer
+
+        from trainer.arguments import parse_args
+        from trainer.backends import registry
+        from trainer.backends.colocate import Colocation
+        from trainer.data import rollout_source_from_args
+        from trainer.loop import GRPOLoop
+        from trainer.metrics import MetricsLogger
+
+        self.spec = spec
+        args = parse_args(ours_argv(spec, steps))
+        device = "cuda:0" if spec.device.startswith("cuda") else "cpu"
+        tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+        colocation = Colocation.start_engines_first(
+            lambda: registry.create_rollout(args, device),
+            lambda: InProcessTrainers(registry.create_trainer(args, device, total_steps=steps)),
+            colocate=args.colocate,
+        )
+        self.loop = GRPOLoop(
+            args,
+            trainers=colocation.trainer,
+            engines=colocation.engine,
+            tokenizer=tokenizer,
+            source=rollout_source_from_args(args, tokenizer),
+            eval_sets={},
+            logger_factory=lambda start, total: MetricsLogger(
+                Path(args.output_dir), total_steps=total, start_step=start
+            ),
+            colocation=colocation,
+        )
+        self.next = 0
+
+    def step(self) -> StepTime:
+        synchronize(self.spec.device)
+        started = time.perf_counter()
+        metrics = self.loop.step(self.next)
+        synchronize(self.spec.device)
+        elapsed = time.perf_counter() - started
+        self.next += 1
+        rows = self.spec.prompts * self.spec.samples
+        responses = round(metrics["rollout/response_len_mean"] * rows)
+        return StepTime(
+            step_s=elapsed,
+            rollout_s=metrics["time/rollout"],
+            response_tokens=responses,
+            total_tokens=responses + rows * self.spec.prompt_len,
+        )
+
+    def close(self) -> None:
+        shutdown = getattr(self.loop.engines, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+
+# ---------------------------------------------------------------------------- TRL
+
+
+def trl_config(spec: Spec, steps: int) -> Any:
+    from trl import GRPOConfig
+
+    cuda = spec.device.startswith("cuda")
+    rows = spec.prompts * spec.samples
+    accumulation = rows // spec.micro_batch
+    return GRPOConfig(
+        output_dir=str(Path(spec.work) / "trl"),
+        learning_rate=spec.lr,
+        per_device_train_batch_size=spec.micro_batch,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation,
+        num_iterations=1,
+        num_generations=spec.samples,
+        max_completion_length=spec.response_len,
+        temperature=1.0,
+        generation_kwargs={"min_new_tokens": spec.response_len},
+        beta=0.0,
+        bf16=cuda,
+        gradient_checkpointing=False,
+        use_vllm=False,
+        max_steps=steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        seed=spec.seed,
+        use_cpu=not cuda,
+        dataloader_num_workers=0,
+    )
+
+
+def run_trl(spec: Spec, steps: int, conn: Any, memory: PeakMemory) -> None:
+    """TRL's own training loop, paced by the parent: each step waits for its "step" command."""
+    import datasets
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
+    from trl import GRPOTrainer
+
+    cuda = spec.device.startswith("cuda")
+    tokenizer = build_tokenizer(spec.tiny, eos=True)
+    tokenizer.padding_side = "left"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(spec.model_dir, dtype=dtype).to(spec.device)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    dataset = datasets.Dataset.from_dict({"prompt": prompts_of(spec)})
+    timing: dict[str, float] = {}
+
+    def parity(completions: list[Any], **_: Any) -> list[float]:
+        return [float(len(c) % 2) for c in completions]
+
+    class Pace(TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            command = conn.recv()
+            if command == "reset":
+                memory.reset()
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                command = conn.recv()
+            assert command == "step", command
+            synchronize(spec.device)
+            timing.update(started=time.perf_counter(), rollout=0.0, responses=0)
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            synchronize(spec.device)
+            rows = spec.prompts * spec.samples
+            responses = int(timing["responses"])
+            step = StepTime(
+                step_s=time.perf_counter() - timing["started"],
+                rollout_s=timing["rollout"],
+                response_tokens=responses,
+                total_tokens=responses + rows * spec.prompt_len,
+            )
+            memory.idle()
+            conn.send(asdict(step))
+
+    peft_config = LoraConfig(
+        r=64, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM"
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=parity,
+        args=trl_config(spec, steps),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[Pace()],
+    )
+    generate = trainer._generate_single_turn  # what TRL's rollout is: model.generate
+
+    def timed_generate(*args: Any, **kwargs: Any) -> Any:
+        synchronize(spec.device)
+        started = time.perf_counter()
+        out = generate(*args, **kwargs)
+        synchronize(spec.device)
+        timing["rollout"] += time.perf_counter() - started
+        timing["responses"] += sum(len(ids) for ids in out[0])
+        return out
+
+    trainer._generate_single_turn = timed_generate
+    trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts on stdout
+    conn.send(("ready", None))
+    trainer.train()
+
+
+# ---------------------------------------------------------------------------- workers
+
+
+def worker(kind: str, spec: Spec, steps: int, baseline: int, conn: Any) -> None:
+    from trainer.arguments import UsageError
+
+    try:
+        import torch
+
+        memory = PeakMemory(spec.device, baseline)
+        if kind == "trl":
+            run_trl(spec, steps, conn, memory)
+        else:
+            system = Ours(spec, steps)
+            conn.send(("ready", None))
+            for _ in range(steps):
+                command = conn.recv()
+                if command == "reset":
+                    memory.reset()
+                    if spec.device.startswith("cuda"):
+                        torch.cuda.reset_peak_memory_stats()
+                    command = conn.recv()
+                step = system.step()
+                memory.idle()
+                conn.send(asdict(step))
+            system.close()
+        allocated = torch.cuda.max_memory_allocated() if spec.device.startswith("cuda") else 0
+        conn.send(("memory", memory.stop(), allocated, memory.per_process))
+    except UsageError as err:  # ours' argv, e.g. a bad --ours-flags: one line
+        conn.send(("error", f"train.py flags: {err}"))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise
+
+
+class Worker:
+    def __init__(self, kind: str, spec: Spec, steps: int, baseline: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.kind = kind
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=worker, args=(kind, spec, steps, baseline, child))
+        self.process.start()
+        self.expect("ready")
+
+    def receive(self) -> Any:
+        try:
+            message = self.conn.recv()
+        except EOFError:
+            self.process.join(timeout=30)
+            sys.exit(
+                f"grpo_vs_trl: the {self.kind} worker exited (code {self.process.exitcode}) "
+                "without a result"
+            )
+        if isinstance(message, tuple) and message[0] == "error":
+            self.process.join(timeout=30)
+            sys.exit(f"grpo_vs_trl: the {self.kind} worker failed:\n{message[1].rstrip()}")
+        return message
+
+    def expect(self, tag: str) -> tuple[Any, ...]:
+        message = self.receive()
+        if not (isinstance(message, tuple) and message[0] == tag):
+            sys.exit(f"grpo_vs_trl: the {self.kind} worker sent {message!r}, expected {tag}")
+        return message
+
+    def step(self, reset: bool = False) -> StepTime:
+        if reset:
+            self.conn.send("reset")
+        self.conn.send("step")
+        return StepTime(**self.receive())  # plain dicts cross the pipe, not __mp_main__ classes
+
+    def finish(self) -> tuple[int, float, bool]:
+        _, peak, allocated, per_process = self.expect("memory")
+        self.process.join(timeout=120)
+        return peak, allocated, per_process
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def decode_bound(spec: Spec, hbm_tbps: float, params: int, lora_params: int) -> float:
+    """Tokens/s the decode of one rollout cannot exceed at `hbm_tbps`: every decode step reads
+    all weights (bf16) and LoRA weights once, and each sequence's KV cache so far."""
+    shape = FULL_SHAPE
+    kv_per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"]
+    kv_per_token *= shape["head_dim"] * 2  # K and V, bf16
+    rows = spec.prompts * spec.samples
+    weights = 2 * (params + lora_params)
+    mean_context = spec.prompt_len + spec.response_len / 2
+    seconds_per_step = (weights + rows * mean_context * kv_per_token) / (hbm_tbps * 1e12)
+    return rows / seconds_per_step
+
+
+def summary(times: list[StepTime]) -> dict[str, float]:
+    steps = [t.step_s for t in times]
+    rollout = sum(t.rollout_s for t in times)
+    train = sum(t.step_s - t.rollout_s for t in times)
+    return {
+        "median": statistics.median(steps),
+        "min": min(steps),
+        "max": max(steps),
+        "rollout_tps": sum(t.response_tokens for t in times) / rollout if rollout else 0.0,
+        "train_tps": sum(t.total_tokens for t in times) / train if train else 0.0,
+    }
+
+
+def versions(spec: Spec) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = []
+    for name in ("torch", "transformers", "peft", "trl", "datasets", "sglang"):
+        try:
+            parts.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            continue
+    import torch
+
+    machine = torch.cuda.get_device_name(0) if spec.device.startswith("cuda") else "CPU"
+    return f"{machine}, {os.cpu_count()} cores; " + ", ".join(parts)
+
+
+def count_params(spec: Spec) -> tuple[int, int]:
+    """(base parameters, LoRA r=64 parameters on the seven projections of every layer)."""
+    s = FULL_SHAPE
+    hidden, inter, layers = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"]
+    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
+    shapes = [(hidden, q), (hidden, kv), (hidden, kv), (q, hidden)]
+    shapes += [(hidden, inter), (hidden, inter), (inter, hidden)]
+    lora = layers * sum(64 * (a + b) for a, b in shapes)
+    attention = hidden * (q + 2 * kv) + q * hidden + 2 * s["head_dim"]
+    per_layer = attention + 3 * hidden * inter + 2 * hidden
+    base = layers * per_layer + s["vocab_size"] * hidden + hidden
+    return base, lora
+
+
+def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> None:
+    cuda = spec.device.startswith("cuda")
+    per_process = all(r["per_process"] for r in results.values())
+    unit = "GiB (RSS)" if not cuda else "GiB (NVML)"
+    where = (
+        "each system's process tree" if per_process else "device above idle, other idle included"
+    )
+    print(f"\n{versions(spec)}")
+    print(
+        f"{spec.prompts} prompts x {spec.samples} samples, {spec.prompt_len} prompt + "
+        f"{spec.response_len} response tokens, LoRA r=64 all-linear, "
+        f"{'tiny model' if spec.tiny else 'Qwen3 0.6B shape'}, {spec.device}"
+    )
+    header = (
+        f"{'system':<6} {'steps':>5} {'median s':>9} {'min s':>8} {'max s':>8} "
+        f"{'rollout tok/s':>14} {'train tok/s':>12} {'peak ' + unit:>28} {'torch alloc GiB':>16}"
+    )
+    print(header)
+    for name, r in results.items():
+        s = r["summary"]
+        peak = f"{r['peak'] / GIB:.2f}"
+        allocated = f"{r['allocated'] / GIB:.2f}" if cuda else "n/a"
+        print(
+            f"{name:<6} {len(r['times']):>5} {s['median']:>9.3f} {s['min']:>8.3f} "
+            f"{s['max']:>8.3f} {s['rollout_tps']:>14.0f} {s['train_tps']:>12.0f} "
+            f"{peak:>28} {allocated:>16}"
+        )
+    print(f"peak memory: {where}; torch alloc: the worker process's own tensors")
+    if "ours" in results and "trl" in results:
+        ratio = results["trl"]["summary"]["median"] / results["ours"]["summary"]["median"]
+        print(f"ratio (trl median / ours median): {ratio:.2f}x")
+    if not spec.tiny:
+        base, lora = count_params(spec)
+        bound = decode_bound(spec, hbm_tbps, base, lora)
+        for name, r in results.items():
+            measured = r["summary"]["rollout_tps"]
+            print(
+                f"roofline {name}: rollout {measured:.0f} tok/s vs HBM bound {bound:.0f} tok/s "
+                f"at {hbm_tbps} TB/s (weights {2 * (base + lora) / GIB:.2f} GiB + KV per decode "
+                f"step) = {measured / bound:.1%}"
+            )
+
+
+# ---------------------------------------------------------------------------- main
+
+
+INSTALL = {
+    "trl": "pip install -e '.[bench]'",
+    "datasets": "pip install -e '.[bench]'",
+    "psutil": "pip install -e '.[bench]'",
+    "sglang": "SGLang's wheels (docs/performance.md)",
+    "pynvml": "pip install nvidia-ml-py",
+    "peft": "pip install -e '.[portable]'",
+    "transformers": "pip install -e '.[portable]'",
+}
+
+
+def missing_packages(spec: Spec, systems: list[str]) -> list[str]:
+    """'module (how to install it)' for every module this run needs and cannot import."""
+    needed = ["psutil", "peft", "transformers"]
+    if "trl" in systems:
+        needed += ["trl", "datasets"]
+    if "ours" in systems and spec.rollout_backend == "sglang":
+        needed.append("sglang")
+    if spec.device.startswith("cuda"):
+        needed.append("pynvml")
+    return [f"{m} ({INSTALL[m]})" for m in needed if importlib.util.find_spec(m) is None]
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="the tiny model of trainer/tiny.py")
+    parser.add_argument("--systems", default="ours,trl", help="comma list of ours, trl")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per system (>= 1)")
+    parser.add_argument("--warmup", type=int, help="untimed steps per system first (2; tiny: 1)")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, help="prompt tokens (256; tiny: 16)")
+    parser.add_argument("--response-len", type=int, help="response tokens (512; tiny: 32)")
+    parser.add_argument("--micro-batch", type=int, default=16, help="samples per micro-batch")
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--rollout-backend", choices=("sglang", "hf"), help="ours' engine (cuda: sglang, cpu: hf)"
+    )
+    parser.add_argument(
+        "--ours-flags", default="", help="more train.py flags for ours (e.g. --sglang-* flags)"
+    )
+    parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    options = parser.parse_args(argv)
+    systems = [s.strip() for s in options.systems.split(",") if s.strip()]
+    if not systems or any(s not in ("ours", "trl") for s in systems):
+        parser.error(f"--systems {options.systems!r}: a comma list of ours, trl")
+    options.systems = systems
+    if options.warmup is None:
+        options.warmup = 1 if options.tiny else 2
+    if options.steps < 1 or options.warmup < 0:
+        parser.error("--steps must be >= 1 and --warmup >= 0")
+    rows = options.prompts * options.samples
+    if options.micro_batch < 1 or rows % options.micro_batch:
+        parser.error(f"--micro-batch {options.micro_batch} does not divide {rows} samples")
+    spec = Spec(
+        work="",
+        device=options.device,
+        tiny=options.tiny,
+        prompts=options.prompts,
+        samples=options.samples,
+        prompt_len=options.prompt_len or (16 if options.tiny else 256),
+        response_len=options.response_len or (32 if options.tiny else 512),
+        micro_batch=options.micro_batch,
+        lr=options.lr,
+        seed=options.seed,
+        rollout_backend=options.rollout_backend or ("hf" if options.device == "cpu" else "sglang"),
+        ours_flags=shlex.split(options.ours_flags),
+    )
+    missing = missing_packages(spec, systems)
+    if missing:
+        parser.exit(
+            2,
+            f"{parser.prog}: error: missing Python packages: {'; '.join(missing)}\n",
+        )
+    if options.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.exit(2, f"{parser.prog}: error: --device cuda: no CUDA device here\n")
+    return options, spec
+
+
+def main(argv: list[str] | None = None) -> None:
+    options, spec = parse(argv)
+    total = options.warmup + options.steps
+    with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as work:
+        spec.work = work
+        started = time.perf_counter()
+        build_inputs(spec, rows=spec.prompts * (total + 2))
+        print(f"built model and prompts in {time.perf_counter() - started:.1f} s", flush=True)
+        baseline = device_used(spec.device)
+        workers: dict[str, Worker] = {}
+        try:
+            results = run_systems(options, spec, total, baseline, workers)
+        finally:
+            for w in workers.values():  # after a failure, the other one waits for commands
+                if w.process.is_alive():
+                    w.process.terminate()
+    report(spec, results, options.hbm_tbps)
+    if options.json:
+        options.json.write_text(json.dumps({"spec": asdict(spec), "results": results}, indent=1))
+
+
+def run_systems(
+    options: argparse.Namespace, spec: Spec, total: int, baseline: int, workers: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """Start the workers (into `workers`), warm each up, then alternate the timed steps."""
+    for kind in options.systems:  # one at a time: SGLang sizes its pool from free memory
+        started = time.perf_counter()
+        workers[kind] = Worker(kind, spec, total, baseline)
+        print(f"{kind}: ready in {time.perf_counter() - started:.1f} s", flush=True)
+    for kind, w in workers.items():
+        for index in range(options.warmup):
+            t = w.step()
+            print(f"{kind} warm-up {index + 1}: {t.step_s:.2f} s", flush=True)
+    times: dict[str, list[StepTime]] = {kind: [] for kind in workers}
+    for index in range(options.steps):
+        for kind, w in workers.items():
+            t = w.step(reset=index == 0)
+            times[kind].append(t)
+            print(
+                f"{kind} step {index + 1}: {t.step_s:.2f} s (rollout {t.rollout_s:.2f} s)",
+                flush=True,
+            )
+    results = {}
+    for kind, w in workers.items():
+        peak, allocated, per_process = w.finish()
+        results[kind] = {
+            "times": [asdict(t) for t in times[kind]],
+            "summary": summary(times[kind]),
+            "peak": peak,
+            "allocated": allocated,
+            "per_process": per_process,
+        }
+    return results
+
+
+if __name__ == "__main__":
+    main()

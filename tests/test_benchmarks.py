@@ -1,0 +1,79 @@
+"""The GRPO-vs-TRL benchmark's arithmetic and argument checks (it asserts nothing on time)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("grpo_vs_trl", ROOT / "benchmarks/grpo_vs_trl.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def full_spec(bench, **changes):
+    values = {
+        "work": "", "device": "cuda", "tiny": False, "prompts": 8, "samples": 8,
+        "prompt_len": 256, "response_len": 512, "micro_batch": 16, "lr": 2e-5, "seed": 0,
+        "rollout_backend": "sglang", **changes,
+    }  # fmt: skip
+    return bench.Spec(**values)
+
+
+def test_parameter_counts_match_the_model_and_adapter(bench):
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(**bench.FULL_SHAPE, tie_word_embeddings=True))
+        base = sum(p.numel() for p in model.parameters())
+        lora = get_peft_model(model, LoraConfig(r=64, target_modules=bench.TARGETS))
+        adapter = sum(p.numel() for p in lora.parameters() if p.requires_grad)
+    assert bench.count_params(full_spec(bench)) == (base, adapter) == (596_049_920, 40_370_176)
+
+
+def test_decode_bound(bench):
+    spec = full_spec(bench)
+    base, lora = bench.count_params(spec)
+    # 1.27 GB of weights + 64 x 512 tokens x 114,688 KV bytes per decode step at 4.8 TB/s
+    per_step = (2 * (base + lora) + 64 * 512 * 114_688) / 4.8e12
+    assert bench.decode_bound(spec, 4.8, base, lora) == pytest.approx(64 / per_step)
+    assert bench.decode_bound(spec, 9.6, base, lora) == pytest.approx(2 * 64 / per_step)
+
+
+def test_summary(bench):
+    times = [
+        bench.StepTime(step_s=3.0, rollout_s=2.0, response_tokens=100, total_tokens=300),
+        bench.StepTime(step_s=5.0, rollout_s=2.0, response_tokens=100, total_tokens=300),
+        bench.StepTime(step_s=4.0, rollout_s=4.0, response_tokens=200, total_tokens=400),
+    ]
+    s = bench.summary(times)
+    assert (s["median"], s["min"], s["max"]) == (4.0, 3.0, 5.0)
+    assert s["rollout_tps"] == pytest.approx(400 / 8)
+    assert s["train_tps"] == pytest.approx(1000 / 4)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--micro-batch", "7"], "--micro-batch 7 does not divide 64 samples"),
+        (["--systems", "ours,vllm"], "a comma list of ours, trl"),
+        (["--steps", "0"], "--steps must be >= 1"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(bench, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse(["--device", "cpu", "--tiny", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
