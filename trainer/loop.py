@@ -428,8 +428,8 @@ class GRPOLoop:
         }
 
     def check_adapter_sync(self) -> dict[str, float]:
-        """Worst mean |engine - trainer| log-prob over the engines, on the fixed sequence, right
-        after the engines loaded the trainer's latest adapter."""
+        """Worst mean |engine - trainer| log-prob over the engines, on the fixed sequence's
+        response tokens, right after the engines loaded the trainer's latest adapter."""
         if self.sync_probe is None or self.sync_expected is None:
             return {}
         served = self.engines.score(self.sync_probe.input_ids[0].tolist())
