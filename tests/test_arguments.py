@@ -326,6 +326,7 @@ YARDSTICK = [
     ("--ref-load /root/Qwen3-4B_torch_dist", {"ref_load": "/root/Qwen3-4B_torch_dist"}),
     ("--calculate-per-token-loss", {"loss_agg": "token-mean"}),
     ("--reward-key score", {"reward_key": "score"}),
+    ("--log-probs-chunk-size 1024", {"log_probs_chunk_size": 1024}),
     (
         "--use-dynamic-global-batch-size --use-dynamic-batch-size --max-tokens-per-gpu 9216",
         {"use_dynamic_global_batch_size": True},

@@ -340,6 +340,27 @@ def test_factories_build_backends_from_argv(model_dir, tmp_path: Path):
     assert checkpointed.model.base_model.model.model.gradient_checkpointing
 
 
+def test_log_probs_chunk_size_chunks_without_changing_the_values(model_dir) -> None:
+    """miles' --log-probs-chunk-size: tokens per chunk of the log-prob computation."""
+    from trainer.arguments import parse_args
+    from trainer.backends import registry
+
+    argv = ["--hf-checkpoint", model_dir, "--prompt-data", "p.jsonl", "--seed", "0"]
+    default = registry.create_trainer(parse_args(argv), "cpu", total_steps=1)
+    chunked = registry.create_trainer(
+        parse_args([*argv, "--log-probs-chunk-size", "3"]), "cpu", total_steps=1
+    )
+    assert (default.logprob_chunk_rows, chunked.logprob_chunk_rows) == (-1, 3)
+    ids = torch.tensor([[3, 5, 7, 9, 11, 4, 6, 8], [2, 4, 6, 8, 10, 12, 3, 5]])
+    mask = torch.zeros(2, 7)
+    mask[:, 2:] = 1.0
+    batch = TrainBatch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask)
+    expected = default.forward(batch, with_adapter=True, with_entropy=True)
+    got = chunked.forward(batch, with_adapter=True, with_entropy=True)
+    torch.testing.assert_close(got.logprobs, expected.logprobs)
+    torch.testing.assert_close(got.entropy, expected.entropy)
+
+
 class FullLogitsTrainer(PeftPolicyTrainer):
     """The trainer as it was before `trainer.logprobs`: float32 log-softmax over full logits."""
 

@@ -293,6 +293,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch backend: recompute decoder activations in backward (Megatron: --recompute-*)",
     )
     g.add_argument(
+        "--log-probs-chunk-size",
+        type=int,
+        default=-1,
+        help="torch backend: response tokens per chunk of the log-prob/entropy computation "
+        "(exact either way; smaller chunks hold less of the [tokens, vocab] logits at once); "
+        "-1: 512",
+    )
+    g.add_argument(
         "--dtype", choices=("auto", "bf16", "fp32"), default="auto", help="auto: bf16 GPU, fp32 CPU"
     )
 
@@ -616,6 +624,8 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
             "--check-adapter-sync compares log-probs at temperature 1: it needs "
             f"--rollout-temperature 1 (got {args.rollout_temperature})"
         )
+    if args.log_probs_chunk_size == 0 or args.log_probs_chunk_size < -1:
+        yield f"--log-probs-chunk-size must be -1 or > 0 (got {args.log_probs_chunk_size})"
     for name in ("train_python", "rollout_python"):
         value = getattr(args, name)
         if value is not None and not value.startswith("/"):

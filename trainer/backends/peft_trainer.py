@@ -121,10 +121,13 @@ class PeftPolicyTrainer:
         temperature: float = 1.0,
         entropy_grad: bool = False,
         gradient_checkpointing: bool = False,
+        logprob_chunk_rows: int = -1,
         seed: int = 0,
     ) -> None:
         """`gradient_checkpointing`: recompute each decoder layer's activations in backward
-        (less memory for long sequences, about a third more compute)."""
+        (less memory for long sequences, about a third more compute). `logprob_chunk_rows`:
+        response tokens per chunk of the log-prob computation (``--log-probs-chunk-size``;
+        -1: `trainer.logprobs.DEFAULT_CHUNK_ROWS`)."""
         import torch
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
@@ -132,6 +135,7 @@ class PeftPolicyTrainer:
         self.device = torch.device(device)
         self.temperature = temperature if temperature > 0 else 1.0
         self.entropy_grad = entropy_grad
+        self.logprob_chunk_rows = logprob_chunk_rows
         self.optim_settings = optim
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
         torch.manual_seed(seed)
@@ -177,7 +181,7 @@ class PeftPolicyTrainer:
     def _forward(self, batch: TrainBatch, with_entropy: bool) -> ForwardOutput:
         import torch
 
-        from trainer.logprobs import token_logprobs
+        from trainer.logprobs import DEFAULT_CHUNK_ROWS, token_logprobs
 
         input_ids = batch.input_ids.to(self.device)
         attention_mask = batch.attention_mask.to(self.device)
@@ -198,6 +202,9 @@ class PeftPolicyTrainer:
             weight=weight,
             temperature=self.temperature,
             with_entropy=with_entropy,
+            chunk_rows=(
+                DEFAULT_CHUNK_ROWS if self.logprob_chunk_rows == -1 else self.logprob_chunk_rows
+            ),
             entropy_grad=self.entropy_grad and torch.is_grad_enabled(),
         )
         return ForwardOutput(
@@ -345,5 +352,6 @@ def create(args: argparse.Namespace, device: str, *, total_steps: int) -> PeftPo
         temperature=args.rollout_temperature,
         entropy_grad=args.entropy_coef != 0,
         gradient_checkpointing=args.gradient_checkpointing,
+        logprob_chunk_rows=args.log_probs_chunk_size,
         seed=args.seed,
     )
