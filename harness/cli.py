@@ -13,7 +13,7 @@ import inspect
 import sys
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -53,6 +53,11 @@ def run(
     except KeyboardInterrupt:
         return _fail(prog, "interrupted", 130)
     return status if isinstance(status, int) else 0
+
+
+def main(launcher: Launcher, argv: list[str] | None = None) -> NoReturn:
+    """Run `launcher`'s command line (``python -m launchers.<path> <entrypoint> ...``)."""
+    raise SystemExit(run(launcher, argv))
 
 
 def _fail(prog: str, message: str, status: int) -> int:

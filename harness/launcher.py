@@ -14,15 +14,14 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Any, Literal
 
 from harness.errors import LaunchError
 from harness.hardware import get_hardware
 
-if TYPE_CHECKING:
-    from harness.context import LaunchContext
-
-Entrypoint = Callable[["LaunchContext", Any], None]
+# ``def name(ctx: LaunchContext, args: Args) -> None``; typed loosely so that this module,
+# which the context imports, imports nothing of the context.
+Entrypoint = Callable[..., None]
 
 _ENV_ITEM = re.compile(r",(?=[A-Za-z_][A-Za-z0-9_]*=)")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -107,14 +106,23 @@ class Launcher:
 
     `recorded_hardware` is what the snapshot represents (`auto` resolves to it when recording);
     the supported hardware is the ``Literal`` of the args' `hardware` field, minus ``auto``.
+    `module` is the module that declares the launcher (its identity and snapshot folder), not
+    the one its entrypoints come from; it defaults to the caller's module.
     """
 
     args: type[LauncherArgs]
     entrypoints: tuple[Entrypoint, ...]
     recorded_hardware: str
+    module: str = ""
+    doc: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entrypoints", tuple(self.entrypoints))
+        if not self.module:
+            caller = sys._getframe(2).f_globals  # __post_init__ <- __init__ <- the declaration
+            spec = caller.get("__spec__")  # its real name also under ``python -m``
+            object.__setattr__(self, "module", spec.name if spec else caller["__name__"])
+            object.__setattr__(self, "doc", caller.get("__doc__") or "")
         if not self.entrypoints:
             raise TypeError("a launcher needs at least one entrypoint")
         if len(set(self.entrypoint_names)) != len(self.entrypoints):
@@ -126,13 +134,6 @@ class Launcher:
                 f"{self.supported_hardware}"
             )
 
-    @cached_property
-    def module(self) -> str:
-        """Import name of the launcher module, also when it runs as ``python -m``."""
-        name = self.entrypoints[0].__module__
-        spec = getattr(sys.modules.get(name), "__spec__", None)
-        return spec.name if spec is not None else name
-
     @property
     def path(self) -> str:
         """``launchers/amd/run_qwen3_4b_lora``: the module's path, also its snapshot folder."""
@@ -140,8 +141,7 @@ class Launcher:
 
     @property
     def summary(self) -> str:
-        doc = getattr(sys.modules.get(self.entrypoints[0].__module__), "__doc__", None) or ""
-        return doc.strip().splitlines()[0] if doc.strip() else self.module
+        return self.doc.strip().splitlines()[0] if self.doc.strip() else self.module
 
     @property
     def entrypoint_names(self) -> tuple[str, ...]:
@@ -163,12 +163,6 @@ class Launcher:
             if fn.__name__ == name.replace("-", "_"):
                 return fn
         raise LaunchError(f"{self.module} has no entrypoint {name!r}")
-
-    def main(self, argv: list[str] | None = None) -> NoReturn:
-        """Run the launcher's command line (``python -m launchers.<path> <entrypoint> ...``)."""
-        from harness.cli import run
-
-        raise SystemExit(run(self, argv))
 
 
 def path_fields(args: LauncherArgs) -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from harness import LaunchContext, Launcher, arg
+from harness.cli import main
 from launchers.recipes import qwen3_4b_lora as recipe
 
 # Attention: FlashInfer runs on Hopper (H100, H200) and Blackwell (B200); FA3 would be
@@ -52,4 +53,4 @@ def full_train(ctx: LaunchContext, args: Args) -> None:
 LAUNCHER = Launcher(args=Args, entrypoints=(prepare, train, full_train), recorded_hardware="H200")
 
 if __name__ == "__main__":
-    LAUNCHER.main()
+    main(LAUNCHER)

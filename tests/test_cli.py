@@ -12,7 +12,8 @@ import pytest
 from harness.cli import run
 from harness.context import Plan
 from harness.hardware import match_hardware
-from harness.host import CHECKOUT, HostView, detect_gpus
+from harness.host import CHECKOUT, RECORD_RUN_ID, HostView, detect_gpus
+from harness.record import record
 from harness.steps import ProcessCleanup, RayJobSubmit, RayStart, RayStop
 from launchers.amd.run_qwen3_4b_lora import LAUNCHER as AMD
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
@@ -55,6 +56,7 @@ def cli(launcher, argv, capsys, *, live=None, detected=None, **env):
         (["train", "--extra-env", "NOPE"], "--extra-env items must be NAME=VALUE"),
         (["train", "--extra-args", "--wandb-key k"], "--wandb-key is not accepted"),
         (["prepare", "--run-id", "../x"], "--run-id must be"),
+        (["prepare", "--model-name", "../Qwen3-4B"], "--model-name must be a Hub model name"),
         (["pretrain"], "No such command 'pretrain'"),
     ],
 )
@@ -110,6 +112,14 @@ def test_joining_a_running_cluster_touches_no_local_process(capsys):
     (job,) = spy.plans[0].steps
     assert isinstance(job, RayJobSubmit) and job.address == "http://10.0.0.1:8265"
     assert job.entrypoint[job.entrypoint.index("--actor-num-nodes") + 1] == "2"
+
+
+def test_model_name_picks_the_hub_repo_and_its_directory(capsys):
+    status, out, _ = cli(AMD, ["prepare", "--dry-run", "--model-name", "Qwen3-8B"], capsys)
+    assert status == 0
+    assert "hf download Qwen/Qwen3-8B \\\n" in out
+    assert "--local-dir /home/u/models/Qwen3-8B\n" in out
+    assert "Qwen3-4B" not in out
 
 
 def test_options_come_from_project_env_vars(capsys, monkeypatch):
@@ -177,55 +187,31 @@ def launcher_process(*argv: str, **env: str) -> subprocess.CompletedProcess[str]
     )
 
 
-DESIGN_VALUES = [
-    "ray start",
-    "--num-gpus 8",
-    "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES=1",
-    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1",
-    "NCCL_NVLS_ENABLE=0",
-    "CUDA_VISIBLE_DEVICES=2,5",
-    "ray job submit",
-    '"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES":"1"',
-    '"NCCL_NVLS_ENABLE":"0"',
-    "-- python3 train.py",
-    "--lora-rank 64",
-    "--lora-alpha 32",
-    "--lora-dropout 0.0",
-    "--target-modules all-linear",
-    "--lora-base-cpu-backup",
-    "--num-rollout 100",
-    "--rollout-batch-size 8",
-    "--n-samples-per-prompt 8",
-    "--global-batch-size 64",
-    "--rollout-max-response-len 8192",
-    "--lr 2e-05",
-    "--rollout-num-gpus-per-engine 1",
-    "--sglang-mem-fraction-static 0.4",
-    "--sglang-lora-backend triton",
-    "--sglang-attention-backend triton",
-    "--sglang-chunked-prefill-size 4096",
-    "--train-backend megatron",
-    "--colocate",
-    "dapo-math-17k.jsonl",
-    "--input-key prompt",
-    "--label-key label",
-    "--apply-chat-template",
-    "--rm-type deepscaler",
-    "--eval-prompt-data aime24",
-    "--n-samples-per-eval-prompt 16",
-]
+def design_values() -> list[str]:
+    """The lines of the AMD train recording that hold no placeholder path: the seed's values
+    (DESIGN.md section 2), derived from the one source the snapshot also checks."""
+    text = record(AMD, "train").text
+    return [
+        line.strip().removesuffix("\\").strip()
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("#") and "/__" not in line
+    ]
 
 
 def test_python_m_train_dry_run_prints_every_design_value():
     detected = detect_gpus()
     pinned = [] if detected is None else ["--hardware", "MI355X"]  # on a GPU node, be explicit
     done = launcher_process(
-        "train", "--dry-run", "--num-gpus-per-node", "8", *pinned, HIP_VISIBLE_DEVICES="2,5"
+        *("train", "--dry-run", "--num-gpus-per-node", "8", "--run-id", RECORD_RUN_ID, *pinned),
+        HIP_VISIBLE_DEVICES="2,5",
+        WANDB_API_KEY="k-1",
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("\n") <= 1, "at most the note on --hardware auto"
-    missing = [value for value in DESIGN_VALUES if value not in done.stdout]
+    shown = {line.strip().removesuffix("\\").strip() for line in done.stdout.splitlines()}
+    missing = [value for value in design_values() if value not in shown]
     assert not missing
+    assert {"--num-gpus 8", "CUDA_VISIBLE_DEVICES=2,5", "--sglang-lora-backend triton"} <= shown
     assert "# hardware: MI355X" in done.stdout or match_hardware(detected or "")
 
 

@@ -118,6 +118,23 @@ def test_worktree_is_removed_when_the_base_cannot_record(repo: Path) -> None:
     assert len(_worktrees(repo)) == 1
 
 
+@pytest.mark.parametrize(
+    ("breakage", "reason"),
+    [
+        ("raise RuntimeError('half-edited')", "half-edited"),
+        ("raise SystemExit('broken')", "broken"),
+        ("LAUNCHER = None", "launchers/cpu/run_tiny_qwen3_lora.py declares no LAUNCHER"),
+    ],
+)
+def test_a_working_tree_that_cannot_record_exits_2(repo: Path, breakage: str, reason: str) -> None:
+    (repo / LAUNCHER).write_text((repo / LAUNCHER).read_text() + f"\n{breakage}\n")
+    done = _diff(repo, "--base", "HEAD")
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith("python -m harness.diff: error: cannot record the working tree: ")
+    assert reason in done.stderr and done.stderr.count("\n") == 1
+
+
 def test_split_command_keeps_values_and_switches() -> None:
     argv = ["python3", "train.py", "--colocate", "--rollout-top-k", "-1"]
     command, flags = split_command([*argv, "--eval-prompt-data", "aime24", "/data/aime 24.jsonl"])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from harness import LaunchContext, Launcher, arg
+from harness.cli import main
 from launchers.recipes import qwen3_4b_lora as recipe
 
 # ROCm has none of SGLang's CUDA-only backends: Triton for attention and for LoRA.
@@ -47,4 +48,4 @@ def full_train(ctx: LaunchContext, args: Args) -> None:
 LAUNCHER = Launcher(args=Args, entrypoints=(prepare, train, full_train), recorded_hardware="MI355X")
 
 if __name__ == "__main__":
-    LAUNCHER.main()
+    main(LAUNCHER)

@@ -23,6 +23,7 @@ from harness import (
     flags,
     wandb_flags,
 )
+from harness.cli import main
 
 
 @dataclass(frozen=True)
@@ -126,4 +127,4 @@ def full_train(ctx: LaunchContext, args: Args) -> None:
 LAUNCHER = Launcher(args=Args, entrypoints=(prepare, train, full_train), recorded_hardware="CPU")
 
 if __name__ == "__main__":
-    LAUNCHER.main()
+    main(LAUNCHER)
