@@ -7,16 +7,16 @@ from harness.context import LaunchContext, Plan, build_plan
 from harness.errors import LaunchError
 from harness.launcher import Launcher, LauncherArgs, arg
 from harness.ray_job import execute_train, flags, wandb_flags
-from harness.steps import HubDownload, ProcessCleanup, RayJobSubmit, RayStart, RayStop, Shell, Step
+from harness.steps import ClaimRun, HubDownload, RayJobSubmit, RayStart, RayStop, Shell, Step
 
 __all__ = [
+    "ClaimRun",
     "HubDownload",
     "LaunchContext",
     "LaunchError",
     "Launcher",
     "LauncherArgs",
     "Plan",
-    "ProcessCleanup",
     "RayJobSubmit",
     "RayStart",
     "RayStop",

@@ -21,6 +21,7 @@ from harness.context import Plan, build_plan
 from harness.errors import LaunchError
 from harness.host import HostView, local_host
 from harness.launcher import Launcher, flag
+from harness.live import Terminated, execute_plan
 from harness.record import recording_of
 
 ENV_PREFIX = "GRPO_LAUNCHER_"
@@ -50,9 +51,17 @@ def run(
         return _fail(prog, message, getattr(err, "exit_code", 2))
     except LaunchError as err:
         return _fail(prog, str(err), 2)
-    except KeyboardInterrupt:
-        return _fail(prog, "interrupted", 130)
+    except _Stopped as stopped:
+        return _fail(prog, stopped.reason, stopped.status)
     return status if isinstance(status, int) else 0
+
+
+class _Stopped(Exception):
+    """Ctrl-C or SIGTERM ended a live run (after its cleanup): a reason and an exit status."""
+
+    def __init__(self, reason: str, status: int) -> None:
+        super().__init__(reason)
+        self.reason, self.status = reason, status
 
 
 def main(launcher: Launcher, argv: list[str] | None = None) -> NoReturn:
@@ -105,11 +114,12 @@ def _entrypoint_command(
         if dry_run:
             sys.stdout.write(recording_of(plan).text)
             return 0
-        if live is None:
-            from harness.live import execute_plan
-
-            return execute_plan(plan)
-        return live(plan)
+        try:
+            return (live or execute_plan)(plan)
+        except Terminated:
+            raise _Stopped("terminated", 143) from None
+        except KeyboardInterrupt:  # typer would swallow it into a silent exit status 130
+            raise _Stopped("interrupted", 130) from None
 
     parameters = [*_field_parameters(launcher.args), _DRY_RUN]
     command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]

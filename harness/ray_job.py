@@ -10,7 +10,8 @@ from harness.errors import LaunchError
 from harness.hardware import Hardware
 from harness.launcher import LauncherArgs, flag
 from harness.platform import platform_env
-from harness.steps import ProcessCleanup, RayJobSubmit, RayStart, RayStop
+from harness.run_tag import RunTag
+from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop
 
 # Host variables a job needs when the host sets them: network interfaces, NCCL debugging, Hub
 # access, the wandb entity. Secrets among them (HF_TOKEN) travel only in the runtime env.
@@ -25,6 +26,7 @@ FORWARDED_ENV = (
     "WANDB_ENTITY",
     "WANDB_BASE_URL",
 )
+LOCALHOST = "127.0.0.1"
 # Ray uploads the checkout as the job's working_dir; it honours .gitignore, not these.
 WORKING_DIR_EXCLUDES = (".git", ".venv")
 
@@ -79,12 +81,15 @@ def execute_train(
 ) -> None:
     """Emit the launch of ``python3 train.py <train_argv> <extra_args>`` as a Ray job.
 
-    Without `args.ray_address` this node becomes a fresh single-node Ray head (stale processes
-    cleaned first; `stop_ray` stops it after the job). With it, the job goes to that cluster
-    and no process here is touched. Several nodes need such a running cluster.
+    Without a cluster address (``--ray-address``, else ``RAY_ADDRESS``) this node becomes a
+    fresh single-node Ray head bound to localhost, under a run tag: what an earlier run of
+    this launcher on these devices left is stopped first, and `stop_ray` stops this run's Ray
+    after the job. With an address the job goes to that cluster and no process here is
+    started or stopped.
     """
     host_env = ctx.host.env
-    own_cluster = args.ray_address is None
+    address = args.ray_address or host_env.get("RAY_ADDRESS") or None
+    own_cluster = address is None
     if own_cluster and args.num_nodes > 1:
         raise LaunchError(
             f"--num-nodes {args.num_nodes} needs a running Ray cluster: run `ray start --head "
@@ -92,30 +97,33 @@ def execute_train(
             f"--num-gpus {num_gpus_per_node}` on each worker, then pass --ray-address "
             f"http://HEAD:{args.dashboard_port}"
         )
-    master_addr = host_env.get("MASTER_ADDR") or "127.0.0.1"
+    if address and not args.ray_address:
+        ctx.note(f"RAY_ADDRESS is set: submitting to {address}; no Ray is started or stopped")
     platform = platform_env(hardware, host_env)
+    tag = str(run_tag(ctx, args, hardware))
+    checkout = ctx.host.checkout
 
     if own_cluster:
-        ctx.emit(ProcessCleanup(names=("sglang",), patterns=("python3 train.py",)))
+        ctx.emit(ClaimRun(tag, checkout, ports=(args.ray_port, args.dashboard_port)))
         ctx.emit(
             RayStart(
-                node_ip_address=master_addr,
+                node_ip_address=LOCALHOST,
                 port=args.ray_port,
                 num_gpus=num_gpus_per_node,
                 num_cpus=num_cpus,
                 dashboard_port=args.dashboard_port,
                 env={**platform, "PYTHONUNBUFFERED": "1"},
+                tag=tag,
             )
         )
 
     argv = [*train_argv, *args.extra_argv]
     env_vars = {
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": _join_unique(":", ctx.host.checkout, host_env.get("PYTHONPATH", "")),
-        "MASTER_ADDR": master_addr,
-        "no_proxy": _join_unique(
-            ",", "127.0.0.1", "localhost", master_addr, host_env.get("no_proxy", "")
-        ),
+        "PYTHONPATH": _join_unique(":", checkout, host_env.get("PYTHONPATH", "")),
+        # Only a cluster of this node's own is known to be here; a joined one has its own.
+        **({"MASTER_ADDR": LOCALHOST} if own_cluster else {}),
+        "no_proxy": _join_unique(",", LOCALHOST, "localhost", host_env.get("no_proxy", "")),
         **{name: host_env[name] for name in FORWARDED_ENV if name in host_env},
         **platform,
     }
@@ -123,15 +131,26 @@ def execute_train(
         env_vars["WANDB_API_KEY"] = host_env["WANDB_API_KEY"]
     env_vars.update(job_env or {})
     env_vars.update(args.extra_env_vars)
-    address = args.ray_address or f"http://127.0.0.1:{args.dashboard_port}"
     runtime_env = {
         "env_vars": env_vars,
-        "working_dir": ctx.host.checkout,
+        "working_dir": checkout,
         "excludes": list(WORKING_DIR_EXCLUDES),
     }
-    ctx.emit(RayJobSubmit(address, ("python3", "train.py", *argv), runtime_env))
+    job_address = address or f"http://{LOCALHOST}:{args.dashboard_port}"
+    ctx.emit(RayJobSubmit(job_address, ("python3", "train.py", *argv), runtime_env))
     if own_cluster and stop_ray:
-        ctx.emit(RayStop())
+        ctx.emit(RayStop(tag, checkout))
+
+
+def run_tag(ctx: LaunchContext, args: LauncherArgs, hardware: Hardware) -> RunTag:
+    """This run's tag: the launcher's file in this checkout, the devices it asks for (``cpu``,
+    ids, ``all``), and the run id. Another checkout's launcher is another launcher."""
+    if not hardware.gpus_per_node:
+        devices = "cpu"
+    else:
+        devices = ctx.host.visible_device_ids(hardware.vendor) or "all"
+    launcher = f"{ctx.host.checkout}/{ctx.launcher.path}.py"
+    return RunTag(launcher, devices, str(args.run_id))
 
 
 def _join_unique(separator: str, *parts: str) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple
 
+from harness.run_tag import TAG_VAR, RunTag
 from harness.secrets import redact_env
 
 _FLAG = re.compile(r"^--[A-Za-z]|^--$")  # long flags start a line; -m, -9 stay put
@@ -111,33 +112,37 @@ class HubDownload(Step):
 
 
 @dataclass(frozen=True)
-class ProcessCleanup(Step):
-    """Kill what a previous run left behind on this node before starting a new one.
+class ClaimRun(Step):
+    """Prepare this node for run `tag` (`harness.ownership.claim`).
 
-    `names` match process names (``pkill NAME``), `patterns` whole command lines
-    (``pkill -f PATTERN``); `stop_ray` stops every Ray process of this node.
+    Stops what an earlier run of the same launcher on the same devices left behind, and
+    refuses when a Ray or trainer this launcher did not start holds the devices or `ports`.
+    Nothing else on the node is touched.
     """
 
-    kind: ClassVar[str] = "process_cleanup"
-    names: tuple[str, ...] = ()
-    patterns: tuple[str, ...] = ()
-    stop_ray: bool = True
+    kind: ClassVar[str] = "claim_run"
+    tag: str
+    checkout: str
+    ports: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        _freeze(self, names=tuple(self.names), patterns=tuple(self.patterns))
+        RunTag.parse(self.tag)
+        _freeze(self, ports=tuple(self.ports))
 
     def commands(self) -> tuple[Command, ...]:
-        kills = [("pkill", "-9", name) for name in self.names]
-        kills += [("pkill", "-9", "-f", pattern) for pattern in self.patterns]
-        commands = [Command(argv, ignore_failure=True) for argv in kills]
-        if self.stop_ray:
-            commands.append(Command(("ray", "stop", "--force")))
-        return tuple(commands)
+        argv = ["python3", "-m", "harness.ownership", "claim", "--tag", self.tag]
+        for port in self.ports:
+            argv += ["--port", str(port)]
+        return (Command(tuple(argv), cwd=self.checkout),)
 
 
 @dataclass(frozen=True)
 class RayStart(Step):
-    """``ray start``: a head node (`head=True`) or a worker joining `head_address`."""
+    """``ray start``: a head node (`head=True`) or a worker joining `head_address`.
+
+    With a run `tag` the Ray processes carry it in their environment and keep their files in
+    the run's own temp dir, so that only they are stopped afterwards.
+    """
 
     kind: ClassVar[str] = "ray_start"
     node_ip_address: str
@@ -149,10 +154,13 @@ class RayStart(Step):
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 8265
     env: Mapping[str, str] = field(default_factory=dict)
+    tag: str | None = None
 
     def __post_init__(self) -> None:
         if self.head == (self.head_address is not None):
             raise ValueError("a head node takes no head_address; a worker needs one")
+        if self.tag is not None:
+            RunTag.parse(self.tag)
         _freeze(self, env=dict(self.env))
 
     def commands(self) -> tuple[Command, ...]:
@@ -167,8 +175,12 @@ class RayStart(Step):
         if self.head:
             argv += ["--dashboard-host", self.dashboard_host]
             argv += ["--dashboard-port", str(self.dashboard_port)]
+        env = dict(self.env)
+        if self.tag is not None:
+            argv += ["--temp-dir", RunTag.parse(self.tag).temp_dir]
+            env[TAG_VAR] = self.tag
         argv.append("--disable-usage-stats")
-        return (Command(tuple(argv), self.env),)
+        return (Command(tuple(argv), env),)
 
     def redacted(self) -> RayStart:
         return dataclasses.replace(self, env=redact_env(self.env))
@@ -176,13 +188,21 @@ class RayStart(Step):
 
 @dataclass(frozen=True)
 class RayStop(Step):
-    """``ray stop``: end the Ray processes of this node."""
+    """Stop the Ray that run `tag` started, and nothing else (`harness.ownership.release`).
+
+    ``ray stop`` would end every Ray process of the node, other users' included.
+    """
 
     kind: ClassVar[str] = "ray_stop"
-    force: bool = False
+    tag: str
+    checkout: str
+
+    def __post_init__(self) -> None:
+        RunTag.parse(self.tag)
 
     def commands(self) -> tuple[Command, ...]:
-        return (Command(("ray", "stop", "--force") if self.force else ("ray", "stop")),)
+        argv = ("python3", "-m", "harness.ownership", "release", "--tag", self.tag)
+        return (Command(argv, cwd=self.checkout),)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,8 +14,9 @@ from harness.cli import run
 from harness.context import Plan
 from harness.hardware import match_hardware
 from harness.host import CHECKOUT, RECORD_RUN_ID, HostView, detect_gpus
+from harness.live import Terminated
 from harness.record import record
-from harness.steps import ProcessCleanup, RayJobSubmit, RayStart, RayStop
+from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop
 from launchers.amd.run_qwen3_4b_lora import LAUNCHER as AMD
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
 
@@ -101,8 +103,23 @@ def test_live_mode_hands_the_validated_plan_to_the_runner(capsys):
     assert status == 3, "the runner's exit status is the launcher's"
     assert out == ""
     (plan,) = spy.plans
-    assert [type(s) for s in plan.steps] == [ProcessCleanup, RayStart, RayJobSubmit, RayStop]
+    assert [type(s) for s in plan.steps] == [ClaimRun, RayStart, RayJobSubmit, RayStop]
     assert plan.steps[1].num_cpus == 2 and plan.steps[1].num_gpus == 0
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "reason"),
+    [(KeyboardInterrupt, 130, "interrupted"), (Terminated, 143, "terminated")],
+)
+def test_ctrl_c_and_sigterm_end_in_one_line(raised, status, reason, capsys):
+    def live(plan: Plan) -> int:
+        raise raised
+
+    assert cli(CPU, ["train"], capsys, live=live) == (
+        status,
+        "",
+        f"python -m launchers.cpu.run_tiny_qwen3_lora: error: {reason}\n",
+    )
 
 
 def test_joining_a_running_cluster_touches_no_local_process(capsys):
@@ -187,6 +204,9 @@ def launcher_process(*argv: str, **env: str) -> subprocess.CompletedProcess[str]
     )
 
 
+HOST_SPECIFIC = re.compile(r"/__|--temp-dir ")  # placeholder paths; the run's temp dir
+
+
 def design_values() -> list[str]:
     """The lines of the AMD train recording that hold no placeholder path: the seed's values
     (DESIGN.md section 2), derived from the one source the snapshot also checks."""
@@ -194,7 +214,7 @@ def design_values() -> list[str]:
     return [
         line.strip().removesuffix("\\").strip()
         for line in text.splitlines()
-        if line.strip() and not line.startswith("#") and "/__" not in line
+        if line.strip() and not line.startswith("#") and not HOST_SPECIFIC.search(line)
     ]
 
 
