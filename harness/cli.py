@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import sys
 import typing
 from collections.abc import Callable
@@ -48,6 +49,8 @@ def run(
         )
     except typer.TyperException as err:
         message = err.format_message().replace("Value error, ", "")
+        if source := _environment_source(err, sys.argv[1:] if argv is None else argv):
+            message = f"{source}: {message}"
         return _fail(prog, message, getattr(err, "exit_code", 2))
     except LaunchError as err:
         return _fail(prog, str(err), 2)
@@ -67,6 +70,18 @@ class _Stopped(Exception):
 def main(launcher: Launcher, argv: list[str] | None = None) -> NoReturn:
     """Run `launcher`'s command line (``python -m launchers.<path> <entrypoint> ...``)."""
     raise SystemExit(run(launcher, argv))
+
+
+def _environment_source(err: Exception, argv: list[str]) -> str | None:
+    """``NAME='value'`` when the bad value of `err` came from an environment variable."""
+    param = getattr(err, "param", None)
+    name = getattr(param, "envvar", None)
+    if not isinstance(name, str) or name not in os.environ:
+        return None
+    options = getattr(param, "opts", ())
+    if any(arg == opt or arg.startswith(f"{opt}=") for arg in argv for opt in options):
+        return None  # the command line gave it
+    return f"{name}={os.environ[name]!r}"
 
 
 def _fail(prog: str, message: str, status: int) -> int:

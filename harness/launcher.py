@@ -7,6 +7,7 @@ A launcher module defines a frozen dataclass deriving from `LauncherArgs`, entry
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import sys
@@ -66,6 +67,10 @@ class LauncherArgs:
     extra_args: str = arg("", "extra train.py flags, appended last (shell syntax)")
 
     def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise LaunchError(f"{flag(item.name)} must be a finite number (got {value})")
         if self.num_nodes < 1:
             raise LaunchError(f"--num-nodes must be >= 1 (got {self.num_nodes})")
         if self.num_gpus_per_node is not None and self.num_gpus_per_node < 1:

@@ -27,6 +27,7 @@ from typing import Any
 from harness import ownership
 from harness.context import Plan
 from harness.run_tag import RunTag
+from harness.secrets import scrub
 from harness.steps import (
     ClaimRun,
     Command,
@@ -77,7 +78,7 @@ def execute_plan(plan: Plan, run: StepRunner | None = None) -> int:
     started: list[str] = []  # tags of the Rays this plan started and has not stopped
     with _SigtermAsInterrupt() as sigterm:
         for index, step in enumerate(plan.steps, 1):
-            _progress(f"step {index}/{total}: {_one_line(step.render())}")
+            _progress(scrub(f"step {index}/{total}: {_one_line(step.render())}", env))
             if isinstance(step, RayStart) and step.tag is not None:
                 started.append(step.tag)  # before it runs: a half-started Ray is ours too
             try:
@@ -88,7 +89,8 @@ def execute_plan(plan: Plan, run: StepRunner | None = None) -> int:
                     raise Terminated from None
                 raise
             except Exception as failure:  # every failure: one line, cleanup, non-zero
-                _progress(f"error: {_one_line(str(failure) or type(failure).__name__, 400)}")
+                reason = _one_line(str(failure) or type(failure).__name__, 400)
+                _progress(scrub(f"error: {reason}", env))
                 _stop_started(started, plan, run, env)
                 return failure.exit_code if isinstance(failure, StepFailed) else 1
             if isinstance(step, RayStop) and step.tag in started:
@@ -198,12 +200,24 @@ def _run(command: Command, env: Mapping[str, str]) -> None:
 def _(step: RayJobSubmit, env: Mapping[str, str]) -> None:
     from ray.job_submission import JobSubmissionClient
 
-    _follow_ray_token_auth()
+    headers = {}
+    if step.auth_token_path is not None:  # a cluster this run started: its own token
+        headers["Authorization"] = f"Bearer {_read_token(step.auth_token_path)}"
+    else:
+        _follow_ray_token_auth()
     try:
-        client = JobSubmissionClient(step.address)
+        client = JobSubmissionClient(step.address, headers=headers)
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise StepFailed(f"cannot reach the Ray job server at {step.address}: {err}") from None
-    run_job(step, client)
+    run_job(step, client, secrets_of={**env, **step.env_vars})
+
+
+def _read_token(path: str) -> str:
+    try:
+        with open(path) as file:
+            return file.read().strip()
+    except OSError as err:
+        raise StepFailed(f"Ray authentication token {path}: {err.strerror or err}") from None
 
 
 def _follow_ray_token_auth() -> None:
@@ -218,10 +232,12 @@ def _follow_ray_token_auth() -> None:
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-def run_job(step: RayJobSubmit, client: Any) -> None:
+def run_job(step: RayJobSubmit, client: Any, secrets_of: Mapping[str, str] | None = None) -> None:
     """Submit `step` with `client`, stream its logs, and raise `StepFailed` unless it succeeds.
 
-    Ctrl-C, SIGTERM or any error while following the job stops it before re-raising.
+    The values of secrets in `secrets_of` (default: the job's env vars) are scrubbed from the
+    streamed logs. Ctrl-C, SIGTERM or any error while following the job stops it before
+    re-raising.
     """
     from ray.job_submission import JobStatus
 
@@ -230,7 +246,8 @@ def run_job(step: RayJobSubmit, client: Any) -> None:
     )
     _progress(f"Ray job {job_id} submitted to {step.address}")
     try:
-        asyncio.run(_stream_logs(client, job_id))
+        hidden = step.env_vars if secrets_of is None else secrets_of
+        asyncio.run(_stream_logs(client, job_id, hidden))
         status = client.get_job_status(job_id)
         while not status.is_terminal():
             time.sleep(_POLL_S)
@@ -248,7 +265,7 @@ def run_job(step: RayJobSubmit, client: Any) -> None:
         raise StepFailed(f"Ray job {job_id} {status.value}{reason}", code)
 
 
-async def _stream_logs(client: Any, job_id: str) -> None:
+async def _stream_logs(client: Any, job_id: str, hidden: Mapping[str, str]) -> None:
     async for lines in client.tail_job_logs(job_id):
-        sys.stdout.write(lines)
+        sys.stdout.write(scrub(lines, hidden))
         sys.stdout.flush()

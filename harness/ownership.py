@@ -5,7 +5,8 @@ by a file the process holds open in the run's temp dir (Ray's process titles may
 environment block, and every Ray process logs into the temp dir). `claim` prepares a run:
 it stops what an earlier run of the same launcher on the same devices left behind, refuses in
 one line when a Ray, trainer or SGLang that this launcher did not start holds the requested
-devices or ports, and creates the temp dir. `release` stops the run's processes and no other.
+devices or ports, and creates the temp dir with the run's fresh Ray authentication token.
+`release` stops the run's processes and no other.
 
     python -m harness.ownership claim --tag TAG [--port PORT ...]
     python -m harness.ownership release --tag TAG
@@ -14,8 +15,10 @@ devices or ports, and creates the temp dir. `release` stops the run's processes 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import secrets
 import shutil
 import socket
 import sys
@@ -170,7 +173,17 @@ def claim(tag: RunTag, ports: Sequence[int] = ()) -> int:
             "start (another Ray?); choose free ones with --ray-port / --dashboard-port"
         )
     os.makedirs(tag.temp_dir, mode=0o700, exist_ok=True)
+    write_token(tag.token_path)
     return stopped
+
+
+def write_token(path: str) -> None:
+    """A fresh Ray authentication token (256 bits, as Ray's own generator) in `path`, mode 0600."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(secrets.token_hex(32))
 
 
 def release(tag: RunTag) -> int:

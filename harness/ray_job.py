@@ -82,10 +82,10 @@ def execute_train(
     """Emit the launch of ``python3 train.py <train_argv> <extra_args>`` as a Ray job.
 
     Without a cluster address (``--ray-address``, else ``RAY_ADDRESS``) this node becomes a
-    fresh single-node Ray head bound to localhost, under a run tag: what an earlier run of
-    this launcher on these devices left is stopped first, and `stop_ray` stops this run's Ray
-    after the job. With an address the job goes to that cluster and no process here is
-    started or stopped.
+    fresh single-node Ray head bound to localhost, under a run tag and with Ray's token
+    authentication (a fresh token per run, in a file): what an earlier run of this launcher on
+    these devices left is stopped first, and `stop_ray` stops this run's Ray after the job.
+    With an address the job goes to that cluster and no process here is started or stopped.
     """
     host_env = ctx.host.env
     address = args.ray_address or host_env.get("RAY_ADDRESS") or None
@@ -137,7 +137,8 @@ def execute_train(
         "excludes": list(WORKING_DIR_EXCLUDES),
     }
     job_address = address or f"http://{LOCALHOST}:{args.dashboard_port}"
-    ctx.emit(RayJobSubmit(job_address, ("python3", "train.py", *argv), runtime_env))
+    token_path = RunTag.parse(tag).token_path if own_cluster else None
+    ctx.emit(RayJobSubmit(job_address, ("python3", "train.py", *argv), runtime_env, token_path))
     if own_cluster and stop_ray:
         ctx.emit(RayStop(tag, checkout))
 

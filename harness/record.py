@@ -11,12 +11,12 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.context import Plan, build_plan
 from harness.launcher import Launcher, LauncherArgs
-from harness.secrets import scrub
+from harness.secrets import scrub, scrub_data
 from harness.steps import Step
 
 
@@ -27,6 +27,7 @@ class Recording:
     hardware: str
     steps: tuple[Step, ...]
     text: str
+    step_dicts: tuple[dict[str, Any], ...] = field(repr=False)  # structured, secrets scrubbed
 
     @property
     def snapshot_name(self) -> str:
@@ -38,7 +39,7 @@ class Recording:
             "launcher": self.launcher,
             "entrypoint": self.entrypoint,
             "hardware": self.hardware,
-            "steps": [step.to_dict() for step in self.steps],
+            "steps": list(self.step_dicts),
             "text": self.text,
         }
 
@@ -53,7 +54,8 @@ def recording_of(plan: Plan) -> Recording:
     blocks = [step.render() for step in plan.steps]
     text = scrub(header + "".join(f"\n{block}\n" for block in blocks), plan.host.env)
     steps = tuple(step.redacted() for step in plan.steps)
-    return Recording(plan.launcher.path, plan.entrypoint, plan.hardware.name, steps, text)
+    dicts = tuple(scrub_data(step.to_dict(), plan.host.env) for step in plan.steps)
+    return Recording(plan.launcher.path, plan.entrypoint, plan.hardware.name, steps, text, dicts)
 
 
 def record(launcher: Launcher, entrypoint: str, args: LauncherArgs | None = None) -> Recording:

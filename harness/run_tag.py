@@ -54,6 +54,12 @@ class RunTag:
         return self.slot_prefix + _digest(self.run_id)
 
     @property
+    def token_path(self) -> str:
+        """The run's Ray authentication token (a file only its owner reads; never a value in
+        argv, environment or recordings)."""
+        return f"{self.temp_dir}/auth_token"
+
+    @property
     def device_ids(self) -> frozenset[str] | None:
         """The requested GPU ids: empty on CPU, None for all of the node's."""
         if self.devices == "cpu":

@@ -57,6 +57,11 @@ def _group_flags(argv: Sequence[str]) -> list[list[str]]:
     return groups
 
 
+def token_auth_env(token_path: str) -> dict[str, str]:
+    """Ray's token authentication, on, with the token read from `token_path` (not a value)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}
+
+
 def runtime_env_json(runtime_env: Mapping[str, Any]) -> str:
     """Compact JSON with sorted keys: the canonical form of a Ray runtime env."""
     return json.dumps(runtime_env, sort_keys=True, separators=(",", ":"))
@@ -141,7 +146,8 @@ class RayStart(Step):
     """``ray start``: a head node (`head=True`) or a worker joining `head_address`.
 
     With a run `tag` the Ray processes carry it in their environment and keep their files in
-    the run's own temp dir, so that only they are stopped afterwards.
+    the run's own temp dir, so that only they are stopped afterwards, and the cluster requires
+    Ray's token authentication with the run's token file (`ClaimRun` writes it).
     """
 
     kind: ClassVar[str] = "ray_start"
@@ -177,8 +183,9 @@ class RayStart(Step):
             argv += ["--dashboard-port", str(self.dashboard_port)]
         env = dict(self.env)
         if self.tag is not None:
-            argv += ["--temp-dir", RunTag.parse(self.tag).temp_dir]
-            env[TAG_VAR] = self.tag
+            run = RunTag.parse(self.tag)
+            argv += ["--temp-dir", run.temp_dir]
+            env.update({TAG_VAR: self.tag, **token_auth_env(run.token_path)})
         argv.append("--disable-usage-stats")
         return (Command(tuple(argv), env),)
 
@@ -209,13 +216,15 @@ class RayStop(Step):
 class RayJobSubmit(Step):
     """``ray job submit``: run `entrypoint` as a Ray job with `runtime_env`, wait, stream logs.
 
-    Secrets travel only in ``runtime_env["env_vars"]``, never in the entrypoint.
+    Secrets travel only in ``runtime_env["env_vars"]``, never in the entrypoint. With
+    `auth_token_path` the submission authenticates with the token in that file.
     """
 
     kind: ClassVar[str] = "ray_job_submit"
     address: str
     entrypoint: tuple[str, ...]
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    auth_token_path: str | None = None
 
     def __post_init__(self) -> None:
         if not self.entrypoint:
@@ -229,7 +238,8 @@ class RayJobSubmit(Step):
     def commands(self) -> tuple[Command, ...]:
         argv = ("ray", "job", "submit", "--address", self.address)
         argv += ("--runtime-env-json", runtime_env_json(self.runtime_env), "--", *self.entrypoint)
-        return (Command(argv),)
+        env = token_auth_env(self.auth_token_path) if self.auth_token_path else {}
+        return (Command(argv, env),)
 
     def redacted(self) -> RayJobSubmit:
         if "env_vars" not in self.runtime_env:

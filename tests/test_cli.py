@@ -54,6 +54,8 @@ def cli(launcher, argv, capsys, *, live=None, detected=None, **env):
         (["train", "--bogus"], "No such option: --bogus"),
         (["train", "--global-batch-size", "48"], "must be a multiple of --global-batch-size 48"),
         (["train", "--lora-rank", "x"], "--lora-rank"),
+        (["train", "--lr", "nan"], "--lr must be a finite number (got nan)"),
+        (["train", "--sglang-mem-fraction-static", "inf"], "must be a finite number (got inf)"),
         (["train", "--num-nodes", "2"], "needs a running Ray cluster"),
         (["train", "--extra-env", "NOPE"], "--extra-env items must be NAME=VALUE"),
         (["train", "--extra-args", "--wandb-key k"], "--wandb-key is not accepted"),
@@ -148,6 +150,15 @@ def test_options_come_from_project_env_vars(capsys, monkeypatch):
     assert "aime" not in out
 
 
+def test_a_bad_value_from_the_environment_names_its_variable(capsys, monkeypatch):
+    monkeypatch.setenv("GRPO_LAUNCHER_LORA_RANK", "abc")
+    status, _, err = cli(AMD, ["train", "--dry-run"], capsys)
+    assert status == 2 and err.count("\n") == 1
+    assert "GRPO_LAUNCHER_LORA_RANK='abc'" in err and "--lora-rank" in err
+    status, _, err = cli(AMD, ["train", "--dry-run", "--lora-rank", "x"], capsys)
+    assert status == 2 and "GRPO_LAUNCHER_LORA_RANK" not in err  # the command line gave it
+
+
 def test_secrets_are_redacted_from_printed_recordings(capsys):
     argv = ["train", "--dry-run", "--extra-env", "HF_TOKEN=hf_pasted_1234,NCCL_DEBUG=INFO"]
     status, out, _ = cli(AMD, argv, capsys, WANDB_API_KEY="sk-live-5678", MY_TOKEN="tok-9999")
@@ -156,6 +167,18 @@ def test_secrets_are_redacted_from_printed_recordings(capsys):
     assert '"WANDB_API_KEY":"<redacted>"' in out and '"HF_TOKEN":"<redacted>"' in out
     assert '"NCCL_DEBUG":"INFO"' in out
     assert "--use-wandb" in out and "--wandb-mode online" in out
+
+
+def test_common_secret_names_and_their_values_are_redacted_in_dry_runs(capsys):
+    extra = "AWS_SECRET_ACCESS_KEY=aws-s3cr3t,DB_PASSWORD=pw-s3cr3t,SMTP_PASS=smtp-s3cr3t"
+    argv = ["train", "--dry-run", "--extra-env", extra]
+    argv += ["--extra-args", "--wandb-run-name pw-s3cr3t"]  # a secret's value pasted in argv
+    status, out, _ = cli(AMD, argv, capsys, DB_PASSWORD="pw-s3cr3t")
+    assert status == 0
+    assert "s3cr3t" not in out
+    for name in ("AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "SMTP_PASS"):
+        assert f'"{name}":"<redacted>"' in out
+    assert "--wandb-run-name <redacted>" in out
 
 
 @pytest.mark.parametrize(
@@ -204,7 +227,7 @@ def launcher_process(*argv: str, **env: str) -> subprocess.CompletedProcess[str]
     )
 
 
-HOST_SPECIFIC = re.compile(r"/__|--temp-dir ")  # placeholder paths; the run's temp dir
+HOST_SPECIFIC = re.compile(r"/__|/tmp/grpo-")  # placeholder paths; the run's temp dir
 
 
 def design_values() -> list[str]:

@@ -231,3 +231,44 @@ def test_losing_the_job_server_stops_the_job():
     with pytest.raises(ConnectionError):
         run_job(JOB, client)
     assert client.stopped == ["raysubmit_1"]
+
+
+def test_a_run_of_its_own_ray_submits_with_the_run_token(tmp_path, monkeypatch):
+    token_file = tmp_path / "auth_token"
+    token_file.write_text("t0k3n-of-this-run")
+    made: list[dict] = []
+
+    class Client(FakeJobClient):
+        def __init__(self, address: str, headers: dict) -> None:
+            super().__init__([JobStatus.SUCCEEDED])
+            made.append({"address": address, "headers": headers})
+
+    monkeypatch.setattr("ray.job_submission.JobSubmissionClient", Client)
+    step = RayJobSubmit(JOB.address, JOB.entrypoint, JOB.runtime_env, str(token_file))
+    run_step(step, {})
+    assert made == [
+        {"address": JOB.address, "headers": {"Authorization": "Bearer t0k3n-of-this-run"}}
+    ]
+    assert "t0k3n" not in step.render()
+    assert "RAY_AUTH_TOKEN_PATH=" in step.render()
+
+
+def test_secret_values_are_scrubbed_from_the_console(capsys, monkeypatch):
+    monkeypatch.setattr("harness.live._POLL_S", 0)
+
+    class Chatty(FakeJobClient):
+        async def tail_job_logs(self, job_id: str) -> AsyncIterator[str]:
+            yield "key is real-key\n"
+
+    run_job(JOB, Chatty([JobStatus.SUCCEEDED]))
+    assert capsys.readouterr().out == "key is <redacted>\n"
+    plan = plan_of(Shell(("python3", "-c", "raise SystemExit(3)"), env={"X": "pw-s3cr3t"}))
+    plan = Plan(
+        plan.launcher,
+        "train",
+        plan.hardware,
+        HostView({"DB_PASSWORD": "pw-s3cr3t", "PATH": os.environ["PATH"]}, "/h", "/c", "/c", "r"),
+        plan.steps,
+    )
+    assert execute_plan(plan) == 3
+    assert "pw-s3cr3t" not in capsys.readouterr().err

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -84,15 +85,23 @@ def test_claim_stops_the_slot_and_nothing_else(spawned):
     assert ownership.claim(run) == 1
     assert stale.wait(timeout=5) is not None
     assert unrelated.poll() is None and other_launcher.poll() is None
-    assert os.path.isdir(run.temp_dir)
-    os.rmdir(run.temp_dir)
+    token = Path(run.token_path)
+    first = token.read_text()
+    assert token.stat().st_mode & 0o777 == 0o600 and len(first) == 64
+    ownership.claim(run)
+    assert token.read_text() != first, "a fresh token per run"
+    assert ownership.release(run) == 0 and not os.path.exists(run.temp_dir)
 
 
 def test_claim_refuses_foreign_gpu_holders_and_busy_ports(spawned):
     holder = spawned("python3 train.py --unrelated", CUDA_VISIBLE_DEVICES="3")
     settle()
-    with pytest.raises(ownership.Refused, match=rf"GPUs 3 of this node .*pid {holder.pid} "):
-        ownership.claim(RunTag(LAUNCHER, "3", "r1"))
+    run = RunTag(LAUNCHER, "3", "r1")
+    assert f"pid {holder.pid} (trainer: " in " ".join(
+        ownership.foreign_holders(run, ownership.processes())
+    )  # the message shows the first holders of the node; others' Rays may come first
+    with pytest.raises(ownership.Refused, match=r"^GPUs 3 of this node are in use by processes"):
+        ownership.claim(run)
     assert holder.poll() is None
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -116,4 +125,5 @@ def test_the_command_line_refuses_in_one_line(spawned, capsys):
     settle()
     assert ownership.main(["claim", "--tag", f"{LAUNCHER}@7/r1"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"pid {holder.pid}" in err
+    assert err.count("\n") == 1 and err.startswith("python -m harness.ownership: refused: GPUs 7 ")
+    assert holder.poll() is None

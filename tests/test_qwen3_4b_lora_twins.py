@@ -14,8 +14,10 @@ from types import ModuleType
 import pytest
 
 from harness.diff import Change, diff_recordings
+from harness.host import RECORD_CHECKOUT, RECORD_RUN_ID
 from harness.platform import ROCM_DEFAULTS
 from harness.record import record
+from harness.run_tag import RunTag
 from launchers import run_qwen3_4b_lora as cuda
 from launchers.amd import run_qwen3_4b_lora as amd
 
@@ -41,6 +43,20 @@ def _expected_train_changes() -> set[Change]:
     changes |= {Change("flag", "changed", name, *values, JOB) for name, values in flags.items()}
     for step in ("ray_start head", JOB):
         changes |= {Change("env", "removed", *item, step=step) for item in ROCM_DEFAULTS.items()}
+    # The run tag names the launcher's own file: its identity, not a platform choice.
+    amd_tag, cuda_tag = (
+        RunTag(f"{RECORD_CHECKOUT}/{mod.LAUNCHER.path}.py", "all", RECORD_RUN_ID)
+        for mod in (amd, cuda)
+    )
+    changes |= {
+        Change("setting", "changed", "tag", str(amd_tag), str(cuda_tag), step)
+        for step in ("claim_run", "ray_start head")
+    }
+    changes.add(
+        Change(
+            "setting", "changed", "auth_token_path", amd_tag.token_path, cuda_tag.token_path, JOB
+        )
+    )
     return changes
 
 

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from harness.secrets import REDACTED, is_secret, scrub
+from harness.secrets import REDACTED, is_secret, scrub, scrub_data
 from harness.steps import (
     ClaimRun,
     HubDownload,
@@ -63,8 +63,12 @@ def test_run_steps_act_on_their_run_tag_only():
 
 def test_a_tagged_ray_start_has_its_own_temp_dir_and_carries_the_tag():
     (command,) = RayStart("127.0.0.1", num_gpus=2, tag=TAG).commands()
-    assert command.env == {"GRPO_RUN_TAG": TAG}
     temp_dir = command.argv[command.argv.index("--temp-dir") + 1]
+    assert command.env == {
+        "GRPO_RUN_TAG": TAG,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": f"{temp_dir}/auth_token",
+    }
     assert temp_dir.startswith("/tmp/grpo-") and len(temp_dir) <= 30
     other_run = RayStart("127.0.0.1", num_gpus=2, tag=TAG.replace("r1", "r2")).commands()[0]
     other_temp_dir = other_run.argv[other_run.argv.index("--temp-dir") + 1]
@@ -171,9 +175,23 @@ def test_steps_are_immutable_values():
         ("AWS_SECRET", True),
         ("DB_PASSWORD", True),
         ("wandb_api_key", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("AWS_SESSION_TOKEN", True),
+        ("MY_CLIENT_SECRET_VALUE", True),
+        ("SMTP_PASS", True),
+        ("PGPASSWORD", True),
+        ("GITHUB_PAT", True),
+        ("SSH_PRIVATE_KEY", True),
+        ("GOOGLE_APPLICATION_CREDENTIALS", True),
+        ("RAY_AUTH_TOKEN", True),
+        ("TOKEN", True),
         ("WANDB_PROJECT", False),
         ("TOKENIZERS_PARALLELISM", False),
         ("HIP_VISIBLE_DEVICES", False),
+        ("RAY_AUTH_TOKEN_PATH", False),
+        ("AWS_ACCESS_KEY_ID", False),
+        ("PWD", False),
+        ("PASSAGE_COUNT", False),
     ],
 )
 def test_secret_names(name, secret):
@@ -183,6 +201,14 @@ def test_secret_names(name, secret):
 def test_scrub_removes_secret_values_anywhere_in_text():
     env = {"WANDB_API_KEY": "abcd1234", "HOME": "/root", "HF_TOKEN": "xy"}
     assert scrub("--x abcd1234 /root xy", env) == f"--x {REDACTED} /root xy"
+    env = {"AWS_SECRET_ACCESS_KEY": "s3cr3t-long", "DB_PASS": "s3cr3t"}
+    assert scrub("a=s3cr3t-long b=s3cr3t", env) == f"a={REDACTED} b={REDACTED}"
+    nested = {"argv": ("--k", "s3cr3t"), "env": [{"X": "s3cr3t!"}], "n": 1}
+    assert scrub_data(nested, env) == {
+        "argv": ("--k", REDACTED),
+        "env": [{"X": f"{REDACTED}!"}],
+        "n": 1,
+    }
 
 
 def test_train_py_argv_finds_the_trainer_in_jobs_and_shells():
