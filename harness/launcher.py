@@ -12,7 +12,7 @@ import re
 import shlex
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
@@ -44,7 +44,18 @@ class LauncherArgs:
     """Fields every launcher has. A launcher narrows `hardware` to a ``Literal`` of its choices."""
 
     hardware: str = arg("auto", "GPU model; auto detects it on the node")
-    num_nodes: int = arg(1, "nodes of the Ray cluster (more than 1 needs --ray-address)")
+    num_nodes: int = arg(
+        1,
+        "nodes of the Ray cluster: `train` on the head, `worker` on each other node "
+        "[in a Slurm allocation: its node count]",
+    )
+    head_address: str | None = arg(
+        None,
+        "host name or IP of the head node, for `worker` [in a Slurm allocation: its first node]",
+    )
+    cluster_timeout: int = arg(
+        600, "seconds the head waits for all nodes, and a worker for the head"
+    )
     num_gpus_per_node: int | None = arg(
         None, "GPUs per node to use [default: the visible devices, else all of the hardware's]"
     )
@@ -73,6 +84,8 @@ class LauncherArgs:
                 raise LaunchError(f"{flag(item.name)} must be a finite number (got {value})")
         if self.num_nodes < 1:
             raise LaunchError(f"--num-nodes must be >= 1 (got {self.num_nodes})")
+        if self.cluster_timeout < 1:
+            raise LaunchError(f"--cluster-timeout must be >= 1 (got {self.cluster_timeout})")
         if self.num_gpus_per_node is not None and self.num_gpus_per_node < 1:
             raise LaunchError(f"--num-gpus-per-node must be >= 1 (got {self.num_gpus_per_node})")
         for name in ("ray_port", "dashboard_port"):
@@ -120,9 +133,18 @@ class Launcher:
     recorded_hardware: str
     module: str = ""
     doc: str = field(default="", compare=False, repr=False)
+    # The hermetic recordings (snapshots): name -> (entrypoint, option values). Default: one
+    # per entrypoint with default options.
+    recordings: Mapping[str, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entrypoints", tuple(self.entrypoints))
+        if not self.recordings:
+            defaults = {fn.__name__: (fn.__name__, {}) for fn in self.entrypoints}
+            object.__setattr__(self, "recordings", defaults)
+        unknown = {e for e, _ in self.recordings.values()} - {f.__name__ for f in self.entrypoints}
+        if unknown:
+            raise TypeError(f"recordings name unknown entrypoints: {sorted(unknown)}")
         if not self.module:
             caller = sys._getframe(2).f_globals  # __post_init__ <- __init__ <- the declaration
             spec = caller.get("__spec__")  # its real name also under ``python -m``
@@ -168,6 +190,18 @@ class Launcher:
             if fn.__name__ == name.replace("-", "_"):
                 return fn
         raise LaunchError(f"{self.module} has no entrypoint {name!r}")
+
+
+TWO_NODES: Mapping[str, Any] = {"num_nodes": 2, "head_address": "node-0"}
+
+
+def multi_node_recordings() -> dict[str, tuple[str, Mapping[str, Any]]]:
+    """`Launcher.recordings` of a launcher with ``worker`` and ``sbatch``: prepare, train and
+    full_train with default options, and train, worker and sbatch of a 2-node cluster."""
+    return {
+        **{name: (name, {}) for name in ("prepare", "train", "full_train")},
+        **{f"{name}_2_nodes": (name, TWO_NODES) for name in ("train", "worker", "sbatch")},
+    }
 
 
 def path_fields(args: LauncherArgs) -> list[str]:

@@ -37,6 +37,9 @@ from harness.steps import (
     RayStop,
     Shell,
     Step,
+    WaitForCluster,
+    WaitForHead,
+    WriteFile,
 )
 
 _POLL_S = 2.0
@@ -166,7 +169,7 @@ def _(step: HubDownload, env: Mapping[str, str]) -> None:
 @run_step.register
 def _(step: ClaimRun, env: Mapping[str, str]) -> None:
     try:
-        stopped = ownership.claim(RunTag.parse(step.tag), step.ports)
+        stopped = ownership.claim(RunTag.parse(step.tag), step.ports, step.token_path)
     except ownership.Refused as refusal:
         raise StepFailed(f"refused: {refusal}") from None
     if stopped:
@@ -174,8 +177,41 @@ def _(step: ClaimRun, env: Mapping[str, str]) -> None:
 
 
 @run_step.register
+def _(step: WriteFile, env: Mapping[str, str]) -> None:
+    try:
+        os.makedirs(os.path.dirname(step.path) or ".", exist_ok=True)
+        with open(step.path, "w") as file:
+            file.write(step.content)
+        os.chmod(step.path, step.mode)
+    except OSError as err:
+        raise StepFailed(f"writing {step.path}: {err.strerror or err}") from None
+    _progress(f"wrote {step.path}")
+
+
+@run_step.register
 def _(step: RayStop, env: Mapping[str, str]) -> None:
     ownership.release(RunTag.parse(step.tag))
+
+
+@run_step.register(WaitForCluster)
+@run_step.register(WaitForHead)
+def _(step: Step, env: Mapping[str, str]) -> None:
+    """Its own one-line error (the command's last stderr line) is the step's failure."""
+    for command in step.commands():
+        try:
+            done = subprocess.run(
+                command.argv,
+                cwd=command.cwd,
+                env={**env, **command.env},
+                stderr=subprocess.PIPE,
+                text=True,
+                check=False,
+            )
+        except OSError as err:
+            raise StepFailed(f"{command.argv[0]}: {err.strerror or err}") from err
+        if done.returncode:
+            lines = done.stderr.strip().splitlines() or [f"exited with {done.returncode}"]
+            raise StepFailed(lines[-1], done.returncode)
 
 
 @run_step.register(RayStart)

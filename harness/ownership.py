@@ -8,7 +8,7 @@ one line when a Ray, trainer or SGLang that this launcher did not start holds th
 devices or ports, and creates the temp dir with the run's fresh Ray authentication token.
 `release` stops the run's processes and no other.
 
-    python -m harness.ownership claim --tag TAG [--port PORT ...]
+    python -m harness.ownership claim --tag TAG [--port PORT ...] [--token-path PATH]
     python -m harness.ownership release --tag TAG
 """
 
@@ -153,8 +153,9 @@ def busy_ports(ports: Sequence[int]) -> list[int]:
     return busy
 
 
-def claim(tag: RunTag, ports: Sequence[int] = ()) -> int:
-    """Make this node ready for run `tag`; the number of an earlier run's processes stopped.
+def claim(tag: RunTag, ports: Sequence[int] = (), token_path: str | None = None) -> int:
+    """Make this node ready for run `tag` (with a fresh Ray token in `token_path`, if given);
+    the number of an earlier run's processes stopped.
 
     Raises `Refused` when a process this launcher did not start holds the requested devices,
     or a requested port is taken.
@@ -173,7 +174,9 @@ def claim(tag: RunTag, ports: Sequence[int] = ()) -> int:
             "start (another Ray?); choose free ones with --ray-port / --dashboard-port"
         )
     os.makedirs(tag.temp_dir, mode=0o700, exist_ok=True)
-    write_token(tag.token_path)
+    if token_path is not None:
+        os.makedirs(os.path.dirname(token_path), mode=0o700, exist_ok=True)
+        write_token(token_path)
     return stopped
 
 
@@ -199,12 +202,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     claim_parser = commands.add_parser("claim", help="clean up the slot, refuse foreign holders")
     claim_parser.add_argument("--tag", type=RunTag.parse, required=True)
     claim_parser.add_argument("--port", type=int, action="append", default=[])
+    claim_parser.add_argument("--token-path", help="write a fresh Ray token there")
     release_parser = commands.add_parser("release", help="stop this run's processes")
     release_parser.add_argument("--tag", type=RunTag.parse, required=True)
     options = parser.parse_args(argv)
     try:
         if options.command == "claim":
-            claim(options.tag, options.port)
+            claim(options.tag, options.port, options.token_path)
         else:
             release(options.tag)
     except Refused as err:

@@ -129,6 +129,7 @@ class ClaimRun(Step):
     tag: str
     checkout: str
     ports: tuple[int, ...] = ()
+    token_path: str | None = None  # where the run's fresh token goes; None: no token
 
     def __post_init__(self) -> None:
         RunTag.parse(self.tag)
@@ -138,6 +139,8 @@ class ClaimRun(Step):
         argv = ["python3", "-m", "harness.ownership", "claim", "--tag", self.tag]
         for port in self.ports:
             argv += ["--port", str(port)]
+        if self.token_path is not None:
+            argv += ["--token-path", self.token_path]
         return (Command(tuple(argv), cwd=self.checkout),)
 
 
@@ -151,7 +154,7 @@ class RayStart(Step):
     """
 
     kind: ClassVar[str] = "ray_start"
-    node_ip_address: str
+    node_ip_address: str | None  # None: Ray picks the node's routable address (several nodes)
     num_gpus: int
     head: bool = True
     head_address: str | None = None
@@ -161,6 +164,8 @@ class RayStart(Step):
     dashboard_port: int = 8265
     env: Mapping[str, str] = field(default_factory=dict)
     tag: str | None = None
+    token_path: str | None = None  # token authentication with this token file
+    block: bool = False
 
     def __post_init__(self) -> None:
         if self.head == (self.head_address is not None):
@@ -172,9 +177,13 @@ class RayStart(Step):
     def commands(self) -> tuple[Command, ...]:
         argv = ["ray", "start"]
         if self.head:
-            argv += ["--head", "--node-ip-address", self.node_ip_address, "--port", str(self.port)]
+            argv += ["--head"]
         else:
-            argv += ["--address", str(self.head_address), "--node-ip-address", self.node_ip_address]
+            argv += ["--address", str(self.head_address)]
+        if self.node_ip_address is not None:
+            argv += ["--node-ip-address", self.node_ip_address]
+        if self.head:
+            argv += ["--port", str(self.port)]
         argv += ["--num-gpus", str(self.num_gpus)]
         if self.num_cpus is not None:
             argv += ["--num-cpus", str(self.num_cpus)]
@@ -183,14 +192,54 @@ class RayStart(Step):
             argv += ["--dashboard-port", str(self.dashboard_port)]
         env = dict(self.env)
         if self.tag is not None:
-            run = RunTag.parse(self.tag)
-            argv += ["--temp-dir", run.temp_dir]
-            env.update({TAG_VAR: self.tag, **token_auth_env(run.token_path)})
+            argv += ["--temp-dir", RunTag.parse(self.tag).temp_dir]
+            env[TAG_VAR] = self.tag
+        if self.token_path is not None:
+            env.update(token_auth_env(self.token_path))
+        if self.block:
+            argv.append("--block")
         argv.append("--disable-usage-stats")
         return (Command(tuple(argv), env),)
 
     def redacted(self) -> RayStart:
         return dataclasses.replace(self, env=redact_env(self.env))
+
+
+@dataclass(frozen=True)
+class WaitForCluster(Step):
+    """Wait, up to `timeout_s`, until the Ray cluster at `address` (``HOST:PORT`` of its GCS)
+    has `nodes` alive nodes and `gpus` GPUs (`harness.cluster`); else one line, exit 1."""
+
+    kind: ClassVar[str] = "wait_for_cluster"
+    address: str
+    nodes: int
+    gpus: int
+    timeout_s: int
+    token_path: str
+    checkout: str
+
+    def commands(self) -> tuple[Command, ...]:
+        argv = ("python3", "-m", "harness.cluster", "wait", "--address", self.address)
+        argv += ("--nodes", str(self.nodes), "--gpus", str(self.gpus))
+        argv += ("--timeout", str(self.timeout_s))
+        return (Command(argv, token_auth_env(self.token_path), self.checkout),)
+
+
+@dataclass(frozen=True)
+class WaitForHead(Step):
+    """Wait, up to `timeout_s`, until the head's GCS at `address` answers and its token file
+    exists (a worker joins only then); else one line, exit 1."""
+
+    kind: ClassVar[str] = "wait_for_head"
+    address: str
+    timeout_s: int
+    token_path: str
+    checkout: str
+
+    def commands(self) -> tuple[Command, ...]:
+        argv = ("python3", "-m", "harness.cluster", "wait-head", "--address", self.address)
+        argv += ("--token-file", self.token_path, "--timeout", str(self.timeout_s))
+        return (Command(argv, cwd=self.checkout),)
 
 
 @dataclass(frozen=True)
@@ -267,6 +316,27 @@ class Shell(Step):
 
     def redacted(self) -> Shell:
         return dataclasses.replace(self, env=redact_env(self.env))
+
+
+@dataclass(frozen=True)
+class WriteFile(Step):
+    """Write `content` to `path` (its folder made), with permission bits `mode`."""
+
+    kind: ClassVar[str] = "write_file"
+    path: str
+    content: str
+    mode: int = 0o644
+
+    def commands(self) -> tuple[Command, ...]:
+        return ()
+
+    def render(self) -> str:
+        quoted = shlex.quote(self.path)
+        return (
+            f"mkdir -p {shlex.quote(self.path.rsplit('/', 1)[0] or '/')}\n"
+            f"cat > {quoted} <<'EOF'\n{self.content.rstrip()}\nEOF\n"
+            f"chmod {self.mode:o} {quoted}"
+        )
 
 
 def train_py_argv(step: Step) -> tuple[str, ...] | None:

@@ -87,7 +87,7 @@ def test_one_lora_default_is_exactly_one_flag_change(repo: Path) -> None:
             f"{LAUNCHER} {entrypoint}:\n"
             "  ray_job_submit python3 train.py:\n"
             f"    flag changed: --lora-rank: {old} -> {new}\n"
-            for entrypoint in ("train", "full_train")
+            for entrypoint in ("train", "full_train", "train_2_nodes")
         )
     )
 
@@ -96,7 +96,7 @@ def test_one_lora_default_is_exactly_one_flag_change(repo: Path) -> None:
     row = (
         f"| `ray_job_submit python3 train.py` | flag changed | `--lora-rank` | `{old}` | `{new}` |"
     )
-    assert rows == [row, row]
+    assert rows == [row, row, row]
     assert f"**`{LAUNCHER}` · `train`**" in markdown.stdout
     assert len(_worktrees(repo)) == 1
 

@@ -82,13 +82,13 @@ def test_claim_stops_the_slot_and_nothing_else(spawned):
     unrelated = spawned("python3 train.py --unrelated")
     other_launcher = spawned("raylet", **{TAG_VAR: str(RunTag("/c/x.py", "cpu", "r0"))})
     settle()
-    assert ownership.claim(run) == 1
+    assert ownership.claim(run, token_path=run.token_path) == 1
     assert stale.wait(timeout=5) is not None
     assert unrelated.poll() is None and other_launcher.poll() is None
     token = Path(run.token_path)
     first = token.read_text()
     assert token.stat().st_mode & 0o777 == 0o600 and len(first) == 64
-    ownership.claim(run)
+    ownership.claim(run, token_path=run.token_path)
     assert token.read_text() != first, "a fresh token per run"
     assert ownership.release(run) == 0 and not os.path.exists(run.temp_dir)
 

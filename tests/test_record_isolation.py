@@ -26,6 +26,7 @@ ODD_ENV = {
     "ROCR_VISIBLE_DEVICES": "",
     "RAY_ADDRESS": "http://10.9.8.7:8265",
     "SLURM_JOB_NUM_NODES": "13",
+    "SLURM_JOB_NODELIST": "odd[1-13]",
     "MASTER_ADDR": "10.1.2.3",
     "WANDB_API_KEY": SECRET,
     "HF_TOKEN": SECRET,

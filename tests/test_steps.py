@@ -62,12 +62,13 @@ def test_run_steps_act_on_their_run_tag_only():
 
 
 def test_a_tagged_ray_start_has_its_own_temp_dir_and_carries_the_tag():
-    (command,) = RayStart("127.0.0.1", num_gpus=2, tag=TAG).commands()
+    token = "/tmp/t/auth_token"
+    (command,) = RayStart("127.0.0.1", num_gpus=2, tag=TAG, token_path=token).commands()
     temp_dir = command.argv[command.argv.index("--temp-dir") + 1]
     assert command.env == {
         "GRPO_RUN_TAG": TAG,
         "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": f"{temp_dir}/auth_token",
+        "RAY_AUTH_TOKEN_PATH": token,
     }
     assert temp_dir.startswith("/tmp/grpo-") and len(temp_dir) <= 30
     other_run = RayStart("127.0.0.1", num_gpus=2, tag=TAG.replace("r1", "r2")).commands()[0]

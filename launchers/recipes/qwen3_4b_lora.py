@@ -20,7 +20,9 @@ from harness import (
     arg,
     execute_train,
     flags,
+    join_cluster,
     wandb_flags,
+    write_batch_script,
 )
 
 MODEL_ORG = "Qwen"
@@ -176,3 +178,14 @@ def train(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> None:
         # Megatron overlaps communication with compute only on a single hardware queue.
         job_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
     )
+
+
+def worker(ctx: LaunchContext, args: Args) -> None:
+    hardware = ctx.resolve_hardware(args.hardware)
+    gpus = ctx.gpus_per_node(hardware, args.num_gpus_per_node)
+    join_cluster(ctx, args, hardware=hardware, num_gpus_per_node=gpus)
+
+
+def sbatch(ctx: LaunchContext, args: Args) -> None:
+    hardware = ctx.resolve_hardware(args.hardware)
+    write_batch_script(ctx, args, gpus_per_node=ctx.gpus_per_node(hardware, args.num_gpus_per_node))
