@@ -102,7 +102,7 @@ def execute_train(
     token_path = cluster_token_path(args) if several else tag.token_path
 
     if own_cluster:
-        ports = (args.ray_port, args.dashboard_port)
+        ports = (args.ray_port, args.dashboard_port, args.agent_port)
         ctx.emit(ClaimRun(str(tag), checkout, ports=ports, token_path=token_path))
         ctx.emit(
             RayStart(
@@ -114,6 +114,7 @@ def execute_train(
                 env={**platform, "PYTHONUNBUFFERED": "1"},
                 tag=str(tag),
                 token_path=token_path,
+                agent_port=args.agent_port,
             )
         )
         if several:
@@ -171,7 +172,7 @@ def join_cluster(
     checkout = ctx.host.checkout
     head = f"{args.head_address}:{args.ray_port}"
     token_path = cluster_token_path(args)
-    ctx.emit(ClaimRun(tag, checkout))
+    ctx.emit(ClaimRun(tag, checkout, ports=(args.agent_port,)))
     ctx.emit(WaitForHead(head, args.cluster_timeout, token_path, checkout))
     ctx.emit(
         RayStart(
@@ -184,6 +185,7 @@ def join_cluster(
             tag=tag,
             token_path=token_path,
             block=True,
+            agent_port=args.agent_port,
         )
     )
     ctx.emit(RayStop(tag, checkout))

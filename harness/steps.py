@@ -166,6 +166,7 @@ class RayStart(Step):
     tag: str | None = None
     token_path: str | None = None  # token authentication with this token file
     block: bool = False
+    agent_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.head == (self.head_address is not None):
@@ -196,6 +197,8 @@ class RayStart(Step):
             env[TAG_VAR] = self.tag
         if self.token_path is not None:
             env.update(token_auth_env(self.token_path))
+        if self.agent_port is not None:
+            argv += ["--dashboard-agent-listen-port", str(self.agent_port)]
         if self.block:
             argv.append("--block")
         argv.append("--disable-usage-stats")

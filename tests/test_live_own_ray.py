@@ -72,6 +72,7 @@ def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
             assert token not in seen.cmdline and token not in str(seen.environ)
         launcher.send_signal(signal.SIGTERM)
         status = launcher.wait(timeout=60)
+        left = ownership.of_run(tag, ownership.processes())
     finally:
         launcher.kill()
         ownership.release(tag)
@@ -80,4 +81,4 @@ def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
     assert "Ray job raysubmit_" in text and " stopped\n" in text
     assert text.rstrip().endswith("python -m launchers.cpu.run_tiny_qwen3_lora: error: terminated")
     assert "Traceback" not in text and token not in text
-    assert ownership.of_run(tag, ownership.processes()) == [], "the run's Ray survives"
+    assert left == [], "the run's Ray survives"
