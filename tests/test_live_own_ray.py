@@ -46,6 +46,7 @@ def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
         "train", "--run-id", "sigterm", "--model-dir", str(tmp_path / "models"),
         "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
         "--ray-port", str(free_port()), "--dashboard-port", str(dashboard_port),
+        "--agent-port", str(free_port()),
         "--num-rollout", "1000",
     ]  # fmt: skip
     tag = RunTag(f"{CHECKOUT}/launchers/cpu/run_tiny_qwen3_lora.py", "cpu", "sigterm")
