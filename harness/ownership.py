@@ -5,7 +5,7 @@ by a file the process holds open in the run's temp dir (Ray's process titles may
 environment block, and every Ray process logs into the temp dir). `claim` prepares a run:
 it stops what an earlier run of the same launcher on the same devices left behind, refuses in
 one line when a Ray, trainer or SGLang that this launcher did not start holds the requested
-devices or ports, and creates the temp dir with the run's fresh Ray authentication token.
+devices or ports, and writes the run's fresh Ray authentication token.
 `release` stops the run's processes and no other.
 
     python -m harness.ownership claim --tag TAG [--port PORT ...] [--token-path PATH]
@@ -173,7 +173,6 @@ def claim(tag: RunTag, ports: Sequence[int] = (), token_path: str | None = None)
             f"port {', '.join(map(str, busy))} is in use by a process this launcher did not "
             "start (another Ray?); choose free ones with --ray-port / --dashboard-port"
         )
-    os.makedirs(tag.temp_dir, mode=0o700, exist_ok=True)
     if token_path is not None:
         os.makedirs(os.path.dirname(token_path), mode=0o700, exist_ok=True)
         write_token(token_path)

@@ -32,17 +32,6 @@ class UsageError(Exception):
     """Bad user input (argv or the data it names): reported as one line, exit status 2."""
 
 
-def finite_float(text: str) -> float:
-    """A float flag's value: a finite number (``nan`` and ``inf`` are refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, not {text!r}")
-    return value
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(" ".join(message.split()))
@@ -66,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("LoRA")
     g.add_argument("--lora-rank", type=int, default=16)
-    g.add_argument("--lora-alpha", type=finite_float, default=32.0)
-    g.add_argument("--lora-dropout", type=finite_float, default=0.0)
+    g.add_argument("--lora-alpha", type=float, default=32.0)
+    g.add_argument("--lora-dropout", type=float, default=0.0)
     g.add_argument("--target-modules", default="all-linear", help='comma list or "all-linear"')
     g.add_argument("--exclude-modules", help="comma list of modules to leave without LoRA")
     g.add_argument("--lora-base-cpu-backup", action="store_true")
@@ -85,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--n-samples-per-prompt", type=int, default=4, help="GRPO group size")
     g.add_argument("--rollout-max-prompt-len", type=int, help="drop longer prompts (tokens)")
     g.add_argument("--rollout-max-response-len", type=int, default=256)
-    g.add_argument("--rollout-temperature", type=finite_float, default=1.0)
-    g.add_argument("--rollout-top-p", type=finite_float, default=1.0)
+    g.add_argument("--rollout-temperature", type=float, default=1.0)
+    g.add_argument("--rollout-top-p", type=float, default=1.0)
     g.add_argument("--rollout-top-k", type=int, default=-1, help="-1 disables top-k")
     g.add_argument("--global-batch-size", type=int, help="samples per optimizer step")
     g.add_argument("--micro-batch-size", type=int, default=1)
@@ -97,20 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-prompt-data", nargs="+", metavar="NAME PATH")
     g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
     g.add_argument("--eval-max-response-len", type=int)
-    g.add_argument("--eval-temperature", type=finite_float)
-    g.add_argument("--eval-top-p", type=finite_float)
+    g.add_argument("--eval-temperature", type=float)
+    g.add_argument("--eval-top-p", type=float)
 
     g = p.add_argument_group("optimizer")
     g.add_argument("--optimizer", choices=("adam",), default="adam")
-    g.add_argument("--lr", type=finite_float, default=1e-5)
+    g.add_argument("--lr", type=float, default=1e-5)
     g.add_argument("--lr-decay-style", choices=("constant", "cosine", "linear"), default="constant")
     g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--min-lr", type=finite_float, default=0.0)
-    g.add_argument("--weight-decay", type=finite_float, default=0.0)
-    g.add_argument("--adam-beta1", type=finite_float, default=0.9)
-    g.add_argument("--adam-beta2", type=finite_float, default=0.98)
-    g.add_argument("--adam-eps", type=finite_float, default=1e-8)
-    g.add_argument("--clip-grad", type=finite_float, default=1.0, help="max grad norm; 0 disables")
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.98)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0, help="max grad norm; 0 disables")
 
     g = p.add_argument_group("GRPO")
     g.add_argument("--advantage-estimator", choices=("grpo",), default="grpo")
@@ -121,11 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="divide group-centred rewards by the group std",
     )
     g.add_argument("--use-kl-loss", action="store_true")
-    g.add_argument("--kl-loss-coef", type=finite_float, default=0.0)
+    g.add_argument("--kl-loss-coef", type=float, default=0.0)
     g.add_argument("--kl-loss-type", choices=("k1", "k2", "k3", "low_var_kl"), default="low_var_kl")
-    g.add_argument("--entropy-coef", type=finite_float, default=0.0)
-    g.add_argument("--eps-clip", type=finite_float, default=0.2)
-    g.add_argument("--eps-clip-high", type=finite_float, help="upper clip; defaults to --eps-clip")
+    g.add_argument("--entropy-coef", type=float, default=0.0)
+    g.add_argument("--eps-clip", type=float, default=0.2)
+    g.add_argument("--eps-clip-high", type=float, help="upper clip; defaults to --eps-clip")
     g.add_argument(
         "--loss-agg",
         choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
@@ -168,13 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--recompute-num-layers", type=int)
     g.add_argument("--use-dynamic-batch-size", action="store_true")
     g.add_argument("--max-tokens-per-gpu", type=int)
-    g.add_argument("--attention-dropout", type=finite_float, default=0.0)
-    g.add_argument("--hidden-dropout", type=finite_float, default=0.0)
+    g.add_argument("--attention-dropout", type=float, default=0.0)
+    g.add_argument("--hidden-dropout", type=float, default=0.0)
     g.add_argument("--accumulate-allreduce-grads-in-fp32", action="store_true")
     g.add_argument("--attention-softmax-in-fp32", action="store_true")
 
     g = p.add_argument_group("sglang (any other --sglang-<name> VALUE goes to args.sglang_extra)")
-    g.add_argument("--sglang-mem-fraction-static", type=finite_float)
+    g.add_argument("--sglang-mem-fraction-static", type=float)
     g.add_argument("--sglang-chunked-prefill-size", type=int)
     g.add_argument("--sglang-lora-backend")
     g.add_argument("--sglang-attention-backend")
@@ -369,6 +358,10 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _problems(args: argparse.Namespace) -> Iterator[str]:
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            yield f"--{name.replace('_', '-')} must be a finite number (got {value})"
+
     def positive(*names: str) -> Iterator[str]:
         for name in names:
             value = getattr(args, name)
