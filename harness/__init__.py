@@ -5,18 +5,19 @@ A launcher imports what it needs from here; see ``launchers/cpu/run_tiny_qwen3_l
 
 from harness.context import LaunchContext, Plan, build_plan
 from harness.errors import LaunchError
-from harness.launcher import Launcher, LauncherArgs, arg
-from harness.ray_job import execute_train, flags, wandb_flags
-from harness.steps import HubDownload, ProcessCleanup, RayJobSubmit, RayStart, RayStop, Shell, Step
+from harness.launcher import Launcher, LauncherArgs, arg, multi_node_recordings
+from harness.ray_job import execute_train, flags, join_cluster, wandb_flags
+from harness.slurm import write_batch_script
+from harness.steps import ClaimRun, HubDownload, RayJobSubmit, RayStart, RayStop, Shell, Step
 
 __all__ = [
+    "ClaimRun",
     "HubDownload",
     "LaunchContext",
     "LaunchError",
     "Launcher",
     "LauncherArgs",
     "Plan",
-    "ProcessCleanup",
     "RayJobSubmit",
     "RayStart",
     "RayStop",
@@ -26,5 +27,8 @@ __all__ = [
     "build_plan",
     "execute_train",
     "flags",
+    "join_cluster",
+    "multi_node_recordings",
     "wandb_flags",
+    "write_batch_script",
 ]

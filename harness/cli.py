@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import sys
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -21,6 +22,7 @@ from harness.context import Plan, build_plan
 from harness.errors import LaunchError
 from harness.host import HostView, local_host
 from harness.launcher import Launcher, flag
+from harness.live import Terminated, execute_plan
 from harness.record import recording_of
 
 ENV_PREFIX = "GRPO_LAUNCHER_"
@@ -47,12 +49,39 @@ def run(
         )
     except typer.TyperException as err:
         message = err.format_message().replace("Value error, ", "")
+        if source := _environment_source(err, sys.argv[1:] if argv is None else argv):
+            message = f"{source}: {message}"
         return _fail(prog, message, getattr(err, "exit_code", 2))
     except LaunchError as err:
         return _fail(prog, str(err), 2)
-    except KeyboardInterrupt:
-        return _fail(prog, "interrupted", 130)
+    except _Stopped as stopped:
+        return _fail(prog, stopped.reason, stopped.status)
     return status if isinstance(status, int) else 0
+
+
+class _Stopped(Exception):
+    """Ctrl-C or SIGTERM ended a live run (after its cleanup): a reason and an exit status."""
+
+    def __init__(self, reason: str, status: int) -> None:
+        super().__init__(reason)
+        self.reason, self.status = reason, status
+
+
+def main(launcher: Launcher, argv: list[str] | None = None) -> NoReturn:
+    """Run `launcher`'s command line (``python -m launchers.<path> <entrypoint> ...``)."""
+    raise SystemExit(run(launcher, argv))
+
+
+def _environment_source(err: Exception, argv: list[str]) -> str | None:
+    """``NAME='value'`` when the bad value of `err` came from an environment variable."""
+    param = getattr(err, "param", None)
+    name = getattr(param, "envvar", None)
+    if not isinstance(name, str) or name not in os.environ:
+        return None
+    options = getattr(param, "opts", ())
+    if any(arg == opt or arg.startswith(f"{opt}=") for arg in argv for opt in options):
+        return None  # the command line gave it
+    return f"{name}={os.environ[name]!r}"
 
 
 def _fail(prog: str, message: str, status: int) -> int:
@@ -100,11 +129,12 @@ def _entrypoint_command(
         if dry_run:
             sys.stdout.write(recording_of(plan).text)
             return 0
-        if live is None:
-            from harness.live import execute_plan
-
-            return execute_plan(plan)
-        return live(plan)
+        try:
+            return (live or execute_plan)(plan)
+        except Terminated:
+            raise _Stopped("terminated", 143) from None
+        except KeyboardInterrupt:  # typer would swallow it into a silent exit status 130
+            raise _Stopped("interrupted", 130) from None
 
     parameters = [*_field_parameters(launcher.args), _DRY_RUN]
     command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]

@@ -103,9 +103,24 @@ class Plan:
 
 
 def resolve_args(args: LauncherArgs, host: HostView) -> LauncherArgs:
-    """Absolute paths on `host` and a run id: what entrypoints see."""
+    """Absolute paths on `host`, a run id and, in a Slurm allocation, its node count and head
+    node (`host` is the record host's frozen environment when recording: never Slurm's)."""
     values = {name: host.path(getattr(args, name)) for name in path_fields(args)}
+    if args.num_nodes == 1 and (count := host.env.get("SLURM_JOB_NUM_NODES", "")).isdigit():
+        values["num_nodes"] = int(count)
+    if args.head_address is None and (nodelist := host.env.get("SLURM_JOB_NODELIST")):
+        values["head_address"] = first_node(nodelist)
     return dataclasses.replace(args, run_id=args.run_id or host.run_id, **values)
+
+
+def first_node(nodelist: str) -> str:
+    """The first host of a Slurm node list: ``gpu[03-05,9],cpu1`` gives ``gpu03``."""
+    head = nodelist.split(",", 1)[0] if "[" not in nodelist.split(",", 1)[0] else nodelist
+    prefix, bracket, ranges = head.partition("[")
+    if not bracket:
+        return prefix.strip()
+    first = ranges.split(",", 1)[0].split("-", 1)[0].rstrip("]")
+    return f"{prefix}{first}"
 
 
 def build_plan(

@@ -5,7 +5,8 @@
 The base revision is recorded by its own code (``python -m harness.record --format json`` in a
 temporary ``git worktree``), the working tree by this one; both are compared as structured steps
 (kind, ordered flags, environment), never as text. Exit status 1 when anything differs, 0 when
-nothing does, 2 on bad input.
+nothing does, 2 on bad input or when either side cannot be recorded (a broken tree is never
+reported as a mere difference).
 """
 
 from __future__ import annotations
@@ -323,7 +324,10 @@ def record_checkout(tree: Path, what: str) -> Recordings:
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
         raise DiffError(f"cannot record {what}: {lines[-1]}")
-    return json.loads(done.stdout)
+    try:
+        return json.loads(done.stdout)
+    except ValueError as err:
+        raise DiffError(f"cannot record {what}: its recordings are not JSON ({err})") from None
 
 
 def record_revision(repo: Path, rev: str) -> Recordings:
@@ -346,13 +350,13 @@ def record_working_tree(root: Path) -> Recordings:
 
     if root.resolve() != Path(CHECKOUT).resolve():
         return record_checkout(root, "the working tree")
-    from harness.errors import LaunchError
-    from harness.record import record_all
-
     try:
+        from harness.record import record_all
+
         recordings = [recording.to_dict() for recording in record_all()]
-    except LaunchError as err:
-        raise DiffError(f"cannot record the working tree: {err}") from None
+    except (Exception, SystemExit) as err:  # a failure to record is never a "difference"
+        message = " ".join(str(err).split()) or type(err).__name__
+        raise DiffError(f"cannot record the working tree: {message}") from None
     return json.loads(json.dumps(recordings))
 
 

@@ -1,22 +1,33 @@
-"""Find every launcher: modules under ``launchers/`` that define ``LAUNCHER = Launcher(...)``."""
+"""Find every launcher: each ``launchers/**/run_*.py`` declares ``LAUNCHER = Launcher(...)``.
+
+Discovery goes by file, not by package walk, so a launcher in a folder without ``__init__.py``
+is found too (its snapshots are never taken for orphans), and a ``run_*.py`` file that declares
+no launcher of its own is an error rather than silently skipped.
+"""
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
+from pathlib import Path
 
+from harness.errors import LaunchError
+from harness.host import CHECKOUT
 from harness.launcher import Launcher
 
 PACKAGE = "launchers"
+PATTERN = "run_*.py"
 
 
-def discover_launchers(package: str = PACKAGE) -> list[Launcher]:
-    """The launchers declared in `package` and its subpackages, sorted by module name."""
-    root = importlib.import_module(package)
+def discover_launchers(package: str = PACKAGE, root: str = CHECKOUT) -> list[Launcher]:
+    """The launcher of every ``<root>/<package>/**/run_*.py``, sorted by module name."""
     found = []
-    for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
-        module = importlib.import_module(info.name)
-        launcher = getattr(module, "LAUNCHER", None)
-        if isinstance(launcher, Launcher) and launcher.module == info.name:
-            found.append(launcher)
+    for path in sorted((Path(root) / package).rglob(PATTERN)):
+        relative = path.relative_to(root)
+        name = ".".join(relative.with_suffix("").parts)
+        launcher = getattr(importlib.import_module(name), "LAUNCHER", None)
+        if not isinstance(launcher, Launcher):
+            raise LaunchError(f"{relative} declares no LAUNCHER = Launcher(...)")
+        if launcher.module != name:
+            raise LaunchError(f"{relative}: its LAUNCHER is declared in {launcher.module}")
+        found.append(launcher)
     return sorted(found, key=lambda launcher: launcher.module)

@@ -65,6 +65,13 @@ class HostView:
                 return name, len([d for d in value.split(",") if d.strip()])
         return None
 
+    def visible_device_ids(self, vendor: Vendor) -> str | None:
+        """The ids the device-visibility variable of `vendor` names (``2,5``), or None."""
+        for name in _VISIBILITY_VARS[vendor]:
+            if name in self.env:
+                return ",".join(d.strip() for d in self.env[name].split(",") if d.strip())
+        return None
+
 
 def record_host() -> HostView:
     return HostView(

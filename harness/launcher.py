@@ -7,22 +7,22 @@ A launcher module defines a frozen dataclass deriving from `LauncherArgs`, entry
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Any, Literal
 
 from harness.errors import LaunchError
 from harness.hardware import get_hardware
 
-if TYPE_CHECKING:
-    from harness.context import LaunchContext
-
-Entrypoint = Callable[["LaunchContext", Any], None]
+# ``def name(ctx: LaunchContext, args: Args) -> None``; typed loosely so that this module,
+# which the context imports, imports nothing of the context.
+Entrypoint = Callable[..., None]
 
 _ENV_ITEM = re.compile(r",(?=[A-Za-z_][A-Za-z0-9_]*=)")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -44,7 +44,18 @@ class LauncherArgs:
     """Fields every launcher has. A launcher narrows `hardware` to a ``Literal`` of its choices."""
 
     hardware: str = arg("auto", "GPU model; auto detects it on the node")
-    num_nodes: int = arg(1, "nodes of the Ray cluster (more than 1 needs --ray-address)")
+    num_nodes: int = arg(
+        1,
+        "nodes of the Ray cluster: `train` on the head, `worker` on each other node "
+        "[in a Slurm allocation: its node count]",
+    )
+    head_address: str | None = arg(
+        None,
+        "host name or IP of the head node, for `worker` [in a Slurm allocation: its first node]",
+    )
+    cluster_timeout: int = arg(
+        600, "seconds the head waits for all nodes, and a worker for the head"
+    )
     num_gpus_per_node: int | None = arg(
         None, "GPUs per node to use [default: the visible devices, else all of the hardware's]"
     )
@@ -59,6 +70,9 @@ class LauncherArgs:
     )
     ray_port: int = arg(6379, "port of the Ray head this launcher starts")
     dashboard_port: int = arg(8265, "dashboard and job-server port of the Ray head it starts")
+    agent_port: int = arg(
+        52365, "dashboard agent port of the Ray node it starts (two on one host need two)"
+    )
     wandb_mode: Literal["online", "offline", "disabled"] = arg(
         "online", "wandb logging; online needs WANDB_API_KEY in the environment"
     )
@@ -67,11 +81,17 @@ class LauncherArgs:
     extra_args: str = arg("", "extra train.py flags, appended last (shell syntax)")
 
     def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise LaunchError(f"{flag(item.name)} must be a finite number (got {value})")
         if self.num_nodes < 1:
             raise LaunchError(f"--num-nodes must be >= 1 (got {self.num_nodes})")
+        if self.cluster_timeout < 1:
+            raise LaunchError(f"--cluster-timeout must be >= 1 (got {self.cluster_timeout})")
         if self.num_gpus_per_node is not None and self.num_gpus_per_node < 1:
             raise LaunchError(f"--num-gpus-per-node must be >= 1 (got {self.num_gpus_per_node})")
-        for name in ("ray_port", "dashboard_port"):
+        for name in ("ray_port", "dashboard_port", "agent_port"):
             if not 0 < getattr(self, name) < 65536:
                 raise LaunchError(f"{flag(name)} must be a TCP port (got {getattr(self, name)})")
         if self.run_id is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.run_id):
@@ -107,14 +127,32 @@ class Launcher:
 
     `recorded_hardware` is what the snapshot represents (`auto` resolves to it when recording);
     the supported hardware is the ``Literal`` of the args' `hardware` field, minus ``auto``.
+    `module` is the module that declares the launcher (its identity and snapshot folder), not
+    the one its entrypoints come from; it defaults to the caller's module.
     """
 
     args: type[LauncherArgs]
     entrypoints: tuple[Entrypoint, ...]
     recorded_hardware: str
+    module: str = ""
+    doc: str = field(default="", compare=False, repr=False)
+    # The hermetic recordings (snapshots): name -> (entrypoint, option values). Default: one
+    # per entrypoint with default options.
+    recordings: Mapping[str, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entrypoints", tuple(self.entrypoints))
+        if not self.recordings:
+            defaults = {fn.__name__: (fn.__name__, {}) for fn in self.entrypoints}
+            object.__setattr__(self, "recordings", defaults)
+        unknown = {e for e, _ in self.recordings.values()} - {f.__name__ for f in self.entrypoints}
+        if unknown:
+            raise TypeError(f"recordings name unknown entrypoints: {sorted(unknown)}")
+        if not self.module:
+            caller = sys._getframe(2).f_globals  # __post_init__ <- __init__ <- the declaration
+            spec = caller.get("__spec__")  # its real name also under ``python -m``
+            object.__setattr__(self, "module", spec.name if spec else caller["__name__"])
+            object.__setattr__(self, "doc", caller.get("__doc__") or "")
         if not self.entrypoints:
             raise TypeError("a launcher needs at least one entrypoint")
         if len(set(self.entrypoint_names)) != len(self.entrypoints):
@@ -126,13 +164,6 @@ class Launcher:
                 f"{self.supported_hardware}"
             )
 
-    @cached_property
-    def module(self) -> str:
-        """Import name of the launcher module, also when it runs as ``python -m``."""
-        name = self.entrypoints[0].__module__
-        spec = getattr(sys.modules.get(name), "__spec__", None)
-        return spec.name if spec is not None else name
-
     @property
     def path(self) -> str:
         """``launchers/amd/run_qwen3_4b_lora``: the module's path, also its snapshot folder."""
@@ -140,8 +171,7 @@ class Launcher:
 
     @property
     def summary(self) -> str:
-        doc = getattr(sys.modules.get(self.entrypoints[0].__module__), "__doc__", None) or ""
-        return doc.strip().splitlines()[0] if doc.strip() else self.module
+        return self.doc.strip().splitlines()[0] if self.doc.strip() else self.module
 
     @property
     def entrypoint_names(self) -> tuple[str, ...]:
@@ -164,11 +194,17 @@ class Launcher:
                 return fn
         raise LaunchError(f"{self.module} has no entrypoint {name!r}")
 
-    def main(self, argv: list[str] | None = None) -> NoReturn:
-        """Run the launcher's command line (``python -m launchers.<path> <entrypoint> ...``)."""
-        from harness.cli import run
 
-        raise SystemExit(run(self, argv))
+TWO_NODES: Mapping[str, Any] = {"num_nodes": 2, "head_address": "node-0"}
+
+
+def multi_node_recordings() -> dict[str, tuple[str, Mapping[str, Any]]]:
+    """`Launcher.recordings` of a launcher with ``worker`` and ``sbatch``: prepare, train and
+    full_train with default options, and train, worker and sbatch of a 2-node cluster."""
+    return {
+        **{name: (name, {}) for name in ("prepare", "train", "full_train")},
+        **{f"{name}_2_nodes": (name, TWO_NODES) for name in ("train", "worker", "sbatch")},
+    }
 
 
 def path_fields(args: LauncherArgs) -> list[str]:

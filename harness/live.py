@@ -1,34 +1,45 @@
 """Live mode: execute a validated plan's steps, each with its proper library.
 
-Hub downloads use ``huggingface_hub.snapshot_download`` (progress bars, resume); Ray starts and
-stops through Ray's own CLI; jobs go through ``ray.job_submission.JobSubmissionClient``, whose
-logs are streamed and whose real exit status is returned. Subprocesses run with this
-interpreter's environment first on PATH, so the ``python3`` of a job resolves to it.
+Hub downloads use ``huggingface_hub.snapshot_download`` (progress bars, resume); Ray starts
+through Ray's own CLI, and a run's processes are claimed and released by `harness.ownership`;
+jobs go through ``ray.job_submission.JobSubmissionClient``, whose logs are streamed and whose
+real exit status is returned. Subprocesses run with this interpreter's environment first on
+PATH, so the ``python3`` of a job resolves to it.
+
+Every failure is one line and a non-zero exit; SIGTERM is handled like Ctrl-C. Either way the
+Ray job is stopped and, when this plan started Ray, so is that Ray (and nothing else).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import shlex
-import shutil
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from harness import ownership
 from harness.context import Plan
+from harness.run_tag import RunTag
+from harness.secrets import scrub
 from harness.steps import (
+    ClaimRun,
     Command,
     HubDownload,
-    ProcessCleanup,
     RayJobSubmit,
     RayStart,
     RayStop,
     Shell,
     Step,
+    WaitForCluster,
+    WaitForHead,
+    WriteFile,
 )
 
 _POLL_S = 2.0
@@ -53,37 +64,76 @@ def live_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def execute_plan(plan: Plan, run: StepRunner | None = None) -> int:
-    """Run every step in order with `run` (default `run_step`); 0 on success, else the failing
-    step's exit code.
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``scancel``, ``kill``): handled like Ctrl-C, exit status 143."""
 
-    When a step fails or is interrupted, the plan's remaining `RayStop` steps still run, so a
-    launcher that started its own Ray does not leave it behind.
+
+def execute_plan(plan: Plan, run: StepRunner | None = None) -> int:
+    """Run every step in order with `run` (default `run_step`); 0 on success, else non-zero.
+
+    Any failure is reported in one line (no traceback) and ends the plan; a failure, Ctrl-C or
+    SIGTERM then stops the Ray this plan started, if any and not stopped yet. Ctrl-C and
+    SIGTERM are re-raised for the caller's exit status.
     """
     run = run or run_step
     env = live_env(plan.host.env)
     total = len(plan.steps)
-    for index, step in enumerate(plan.steps, 1):
-        _progress(f"step {index}/{total}: {_one_line(step.render())}")
-        try:
-            run(step, env)
-        except StepFailed as failure:
-            _progress(f"error: {failure}")
-            _stop_ray(plan.steps[index:], run, env)
-            return failure.exit_code
-        except KeyboardInterrupt:
-            _stop_ray(plan.steps[index:], run, env)
-            raise
+    started: list[str] = []  # tags of the Rays this plan started and has not stopped
+    with _SigtermAsInterrupt() as sigterm:
+        for index, step in enumerate(plan.steps, 1):
+            _progress(scrub(f"step {index}/{total}: {_one_line(step.render())}", env))
+            if isinstance(step, RayStart) and step.tag is not None:
+                started.append(step.tag)  # before it runs: a half-started Ray is ours too
+            try:
+                run(step, env)
+            except KeyboardInterrupt:
+                _stop_started(started, plan, run, env)
+                if sigterm.received:
+                    raise Terminated from None
+                raise
+            except Exception as failure:  # every failure: one line, cleanup, non-zero
+                reason = _one_line(str(failure) or type(failure).__name__, 400)
+                _progress(scrub(f"error: {reason}", env))
+                _stop_started(started, plan, run, env)
+                return failure.exit_code if isinstance(failure, StepFailed) else 1
+            if isinstance(step, RayStop) and step.tag in started:
+                started.remove(step.tag)
     return 0
 
 
-def _stop_ray(steps: tuple[Step, ...], run: StepRunner, env: Mapping[str, str]) -> None:
-    for step in steps:
-        if isinstance(step, RayStop):
-            try:
-                run(step, env)
-            except StepFailed as failure:
-                _progress(f"error: {failure}")
+class _SigtermAsInterrupt:
+    """Within: SIGTERM raises KeyboardInterrupt and is remembered (main thread only).
+
+    Remembered, because code it interrupts (asyncio's runner) may re-raise a plain
+    KeyboardInterrupt in place of the one raised here.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = True
+        raise Terminated
+
+    def __enter__(self) -> _SigtermAsInterrupt:
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not the main thread: nothing changes
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def _stop_started(started: list[str], plan: Plan, run: StepRunner, env: Mapping[str, str]) -> None:
+    for tag in started:
+        try:
+            run(RayStop(tag, plan.host.checkout), env)
+        except Exception as failure:
+            _progress(f"error: stopping Ray of {tag}: {failure}")
 
 
 def _one_line(command: str, width: int = 120) -> str:
@@ -117,14 +167,54 @@ def _(step: HubDownload, env: Mapping[str, str]) -> None:
 
 
 @run_step.register
-def _(step: ProcessCleanup, env: Mapping[str, str]) -> None:
+def _(step: ClaimRun, env: Mapping[str, str]) -> None:
+    try:
+        stopped = ownership.claim(RunTag.parse(step.tag), step.ports, step.token_path)
+    except ownership.Refused as refusal:
+        raise StepFailed(f"refused: {refusal}") from None
+    if stopped:
+        _progress(f"stopped {stopped} processes of an earlier run of {step.tag.split('/')[0]}")
+
+
+@run_step.register
+def _(step: WriteFile, env: Mapping[str, str]) -> None:
+    try:
+        os.makedirs(os.path.dirname(step.path) or ".", exist_ok=True)
+        with open(step.path, "w") as file:
+            file.write(step.content)
+        os.chmod(step.path, step.mode)
+    except OSError as err:
+        raise StepFailed(f"writing {step.path}: {err.strerror or err}") from None
+    _progress(f"wrote {step.path}")
+
+
+@run_step.register
+def _(step: RayStop, env: Mapping[str, str]) -> None:
+    ownership.release(RunTag.parse(step.tag))
+
+
+@run_step.register(WaitForCluster)
+@run_step.register(WaitForHead)
+def _(step: Step, env: Mapping[str, str]) -> None:
+    """Its own one-line error (the command's last stderr line) is the step's failure."""
     for command in step.commands():
-        if shutil.which(command.argv[0], path=env.get("PATH")):
-            _run(command, env)
+        try:
+            done = subprocess.run(
+                command.argv,
+                cwd=command.cwd,
+                env={**env, **command.env},
+                stderr=subprocess.PIPE,
+                text=True,
+                check=False,
+            )
+        except OSError as err:
+            raise StepFailed(f"{command.argv[0]}: {err.strerror or err}") from err
+        if done.returncode:
+            lines = done.stderr.strip().splitlines() or [f"exited with {done.returncode}"]
+            raise StepFailed(lines[-1], done.returncode)
 
 
 @run_step.register(RayStart)
-@run_step.register(RayStop)
 @run_step.register(Shell)
 def _(step: Step, env: Mapping[str, str]) -> None:
     for command in step.commands():
@@ -146,8 +236,24 @@ def _run(command: Command, env: Mapping[str, str]) -> None:
 def _(step: RayJobSubmit, env: Mapping[str, str]) -> None:
     from ray.job_submission import JobSubmissionClient
 
-    _follow_ray_token_auth()
-    run_job(step, JobSubmissionClient(step.address))
+    headers = {}
+    if step.auth_token_path is not None:  # a cluster this run started: its own token
+        headers["Authorization"] = f"Bearer {_read_token(step.auth_token_path)}"
+    else:
+        _follow_ray_token_auth()
+    try:
+        client = JobSubmissionClient(step.address, headers=headers)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise StepFailed(f"cannot reach the Ray job server at {step.address}: {err}") from None
+    run_job(step, client, secrets_of={**env, **step.env_vars})
+
+
+def _read_token(path: str) -> str:
+    try:
+        with open(path) as file:
+            return file.read().strip()
+    except OSError as err:
+        raise StepFailed(f"Ray authentication token {path}: {err.strerror or err}") from None
 
 
 def _follow_ray_token_auth() -> None:
@@ -162,10 +268,12 @@ def _follow_ray_token_auth() -> None:
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-def run_job(step: RayJobSubmit, client: Any) -> None:
+def run_job(step: RayJobSubmit, client: Any, secrets_of: Mapping[str, str] | None = None) -> None:
     """Submit `step` with `client`, stream its logs, and raise `StepFailed` unless it succeeds.
 
-    Ctrl-C stops the job before re-raising.
+    The values of secrets in `secrets_of` (default: the job's env vars) are scrubbed from the
+    streamed logs. Ctrl-C, SIGTERM or any error while following the job stops it before
+    re-raising.
     """
     from ray.job_submission import JobStatus
 
@@ -174,14 +282,16 @@ def run_job(step: RayJobSubmit, client: Any) -> None:
     )
     _progress(f"Ray job {job_id} submitted to {step.address}")
     try:
-        asyncio.run(_stream_logs(client, job_id))
+        hidden = step.env_vars if secrets_of is None else secrets_of
+        asyncio.run(_stream_logs(client, job_id, hidden))
         status = client.get_job_status(job_id)
         while not status.is_terminal():
             time.sleep(_POLL_S)
             status = client.get_job_status(job_id)
-    except KeyboardInterrupt:
-        client.stop_job(job_id)
-        _progress(f"Ray job {job_id} stopped")
+    except BaseException:  # Ctrl-C, SIGTERM, a lost connection: the job must not run on
+        with contextlib.suppress(Exception):
+            client.stop_job(job_id)
+            _progress(f"Ray job {job_id} stopped")
         raise
     if status != JobStatus.SUCCEEDED:
         info = client.get_job_info(job_id)
@@ -191,7 +301,7 @@ def run_job(step: RayJobSubmit, client: Any) -> None:
         raise StepFailed(f"Ray job {job_id} {status.value}{reason}", code)
 
 
-async def _stream_logs(client: Any, job_id: str) -> None:
+async def _stream_logs(client: Any, job_id: str, hidden: Mapping[str, str]) -> None:
     async for lines in client.tail_job_logs(job_id):
-        sys.stdout.write(lines)
+        sys.stdout.write(scrub(lines, hidden))
         sys.stdout.flush()

@@ -10,7 +10,8 @@ from harness.errors import LaunchError
 from harness.hardware import Hardware
 from harness.launcher import LauncherArgs, flag
 from harness.platform import platform_env
-from harness.steps import ProcessCleanup, RayJobSubmit, RayStart, RayStop
+from harness.run_tag import RunTag
+from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop, WaitForCluster, WaitForHead
 
 # Host variables a job needs when the host sets them: network interfaces, NCCL debugging, Hub
 # access, the wandb entity. Secrets among them (HF_TOKEN) travel only in the runtime env.
@@ -25,6 +26,7 @@ FORWARDED_ENV = (
     "WANDB_ENTITY",
     "WANDB_BASE_URL",
 )
+LOCALHOST = "127.0.0.1"
 # Ray uploads the checkout as the job's working_dir; it honours .gitignore, not these.
 WORKING_DIR_EXCLUDES = (".git", ".venv")
 
@@ -79,43 +81,55 @@ def execute_train(
 ) -> None:
     """Emit the launch of ``python3 train.py <train_argv> <extra_args>`` as a Ray job.
 
-    Without `args.ray_address` this node becomes a fresh single-node Ray head (stale processes
-    cleaned first; `stop_ray` stops it after the job). With it, the job goes to that cluster
-    and no process here is touched. Several nodes need such a running cluster.
+    Without a cluster address (``--ray-address``, else ``RAY_ADDRESS``) this node becomes a
+    fresh Ray head under a run tag, with Ray's token authentication (a fresh token per run, in
+    a file): what an earlier run of this launcher on these devices left is stopped first, and
+    `stop_ray` stops this run's Ray after the job. A single-node head binds to localhost; with
+    ``--num-nodes N`` it binds to the node's address, keeps the token where the workers can
+    read it (the run's output dir, on a shared file system) and waits until `worker` has
+    joined every other node. With an address the job goes to that cluster and no process here
+    is started or stopped.
     """
     host_env = ctx.host.env
-    own_cluster = args.ray_address is None
-    if own_cluster and args.num_nodes > 1:
-        raise LaunchError(
-            f"--num-nodes {args.num_nodes} needs a running Ray cluster: run `ray start --head "
-            f"--port {args.ray_port}` on the head and `ray start --address HEAD:{args.ray_port} "
-            f"--num-gpus {num_gpus_per_node}` on each worker, then pass --ray-address "
-            f"http://HEAD:{args.dashboard_port}"
-        )
-    master_addr = host_env.get("MASTER_ADDR") or "127.0.0.1"
+    address = args.ray_address or host_env.get("RAY_ADDRESS") or None
+    own_cluster = address is None
+    several = args.num_nodes > 1
+    if address and not args.ray_address:
+        ctx.note(f"RAY_ADDRESS is set: submitting to {address}; no Ray is started or stopped")
     platform = platform_env(hardware, host_env)
+    tag = run_tag(ctx, args, hardware)
+    checkout = ctx.host.checkout
+    token_path = cluster_token_path(args) if several else tag.token_path
 
     if own_cluster:
-        ctx.emit(ProcessCleanup(names=("sglang",), patterns=("python3 train.py",)))
+        ports = (args.ray_port, args.dashboard_port, args.agent_port)
+        ctx.emit(ClaimRun(str(tag), checkout, ports=ports, token_path=token_path))
         ctx.emit(
             RayStart(
-                node_ip_address=master_addr,
+                node_ip_address=None if several else LOCALHOST,
                 port=args.ray_port,
                 num_gpus=num_gpus_per_node,
                 num_cpus=num_cpus,
                 dashboard_port=args.dashboard_port,
                 env={**platform, "PYTHONUNBUFFERED": "1"},
+                tag=str(tag),
+                token_path=token_path,
+                agent_port=args.agent_port,
             )
         )
+        if several:
+            gcs = f"{LOCALHOST}:{args.ray_port}"
+            gpus = args.num_nodes * num_gpus_per_node
+            timeout = args.cluster_timeout
+            ctx.emit(WaitForCluster(gcs, args.num_nodes, gpus, timeout, token_path, checkout))
 
     argv = [*train_argv, *args.extra_argv]
     env_vars = {
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": _join_unique(":", ctx.host.checkout, host_env.get("PYTHONPATH", "")),
-        "MASTER_ADDR": master_addr,
-        "no_proxy": _join_unique(
-            ",", "127.0.0.1", "localhost", master_addr, host_env.get("no_proxy", "")
-        ),
+        "PYTHONPATH": _join_unique(":", checkout, host_env.get("PYTHONPATH", "")),
+        # Only a single-node cluster of this node's own is known to be here.
+        **({"MASTER_ADDR": LOCALHOST} if own_cluster and not several else {}),
+        "no_proxy": _join_unique(",", LOCALHOST, "localhost", host_env.get("no_proxy", "")),
         **{name: host_env[name] for name in FORWARDED_ENV if name in host_env},
         **platform,
     }
@@ -123,15 +137,75 @@ def execute_train(
         env_vars["WANDB_API_KEY"] = host_env["WANDB_API_KEY"]
     env_vars.update(job_env or {})
     env_vars.update(args.extra_env_vars)
-    address = args.ray_address or f"http://127.0.0.1:{args.dashboard_port}"
     runtime_env = {
         "env_vars": env_vars,
-        "working_dir": ctx.host.checkout,
+        "working_dir": checkout,
         "excludes": list(WORKING_DIR_EXCLUDES),
     }
-    ctx.emit(RayJobSubmit(address, ("python3", "train.py", *argv), runtime_env))
+    job_address = address or f"http://{LOCALHOST}:{args.dashboard_port}"
+    job_token = token_path if own_cluster else None
+    ctx.emit(RayJobSubmit(job_address, ("python3", "train.py", *argv), runtime_env, job_token))
     if own_cluster and stop_ray:
-        ctx.emit(RayStop())
+        ctx.emit(RayStop(str(tag), checkout))
+
+
+def join_cluster(
+    ctx: LaunchContext,
+    args: LauncherArgs,
+    *,
+    hardware: Hardware,
+    num_gpus_per_node: int,
+    num_cpus: int | None = None,
+) -> None:
+    """Emit what a worker node runs: wait for the head, then ``ray start --address HEAD``.
+
+    The worker gets the same platform environment as the head (the ROCm rules included), runs
+    under its own run tag (its own earlier run on these devices is stopped first) and uses
+    the head's token from the run's output dir. ``ray start --block`` keeps it in the cluster
+    until the head's Ray ends; its local Ray is then released.
+    """
+    if args.head_address is None:
+        raise LaunchError("worker needs --head-address (the head node), or a Slurm allocation")
+    if args.ray_address or ctx.host.env.get("RAY_ADDRESS"):
+        raise LaunchError("worker starts a node of a new cluster; drop --ray-address/RAY_ADDRESS")
+    tag = str(run_tag(ctx, args, hardware, role="worker"))
+    checkout = ctx.host.checkout
+    head = f"{args.head_address}:{args.ray_port}"
+    token_path = cluster_token_path(args)
+    ctx.emit(ClaimRun(tag, checkout, ports=(args.agent_port,)))
+    ctx.emit(WaitForHead(head, args.cluster_timeout, token_path, checkout))
+    ctx.emit(
+        RayStart(
+            node_ip_address=None,
+            num_gpus=num_gpus_per_node,
+            head=False,
+            head_address=head,
+            num_cpus=num_cpus,
+            env={**platform_env(hardware, ctx.host.env), "PYTHONUNBUFFERED": "1"},
+            tag=tag,
+            token_path=token_path,
+            block=True,
+            agent_port=args.agent_port,
+        )
+    )
+    ctx.emit(RayStop(tag, checkout))
+
+
+def cluster_token_path(args: LauncherArgs) -> str:
+    """The token of a multi-node run: in its output dir, which every node must see."""
+    return f"{args.output_dir}/{args.run_id}/ray/auth_token"
+
+
+def run_tag(ctx: LaunchContext, args: LauncherArgs, hardware: Hardware, role: str = "") -> RunTag:
+    """This run's tag: the launcher's file in this checkout (with ``:worker`` on a worker
+    node), the devices it asks for (``cpu``, ids, ``all``), and the run id. Another checkout's
+    launcher is another launcher."""
+    if not hardware.gpus_per_node:
+        devices = "cpu"
+    else:
+        devices = ctx.host.visible_device_ids(hardware.vendor) or "all"
+    launcher = f"{ctx.host.checkout}/{ctx.launcher.path}.py{':' + role if role else ''}"
+    return RunTag(launcher, devices, str(args.run_id))
 
 
 def _join_unique(separator: str, *parts: str) -> str:

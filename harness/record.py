@@ -11,54 +11,64 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.context import Plan, build_plan
-from harness.launcher import Launcher, LauncherArgs
-from harness.secrets import scrub
+from harness.launcher import Launcher, LauncherArgs, flag
+from harness.secrets import scrub, scrub_data
 from harness.steps import Step
 
 
 @dataclass(frozen=True)
 class Recording:
     launcher: str
-    entrypoint: str
+    name: str  # the entrypoint's name, or the name of a recording with options
     hardware: str
     steps: tuple[Step, ...]
     text: str
+    step_dicts: tuple[dict[str, Any], ...] = field(repr=False)  # structured, secrets scrubbed
 
     @property
     def snapshot_name(self) -> str:
         """``launchers/amd/run_qwen3_4b_lora/train``: where its snapshot lives."""
-        return f"{self.launcher}/{self.entrypoint}"
+        return f"{self.launcher}/{self.name}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "launcher": self.launcher,
-            "entrypoint": self.entrypoint,
+            "entrypoint": self.name,
             "hardware": self.hardware,
-            "steps": [step.to_dict() for step in self.steps],
+            "steps": list(self.step_dicts),
             "text": self.text,
         }
 
 
-def recording_of(plan: Plan) -> Recording:
-    """The plan as text: a header naming launcher, entrypoint and hardware, one block per step."""
+def recording_of(plan: Plan, name: str | None = None, options: str = "") -> Recording:
+    """The plan as text: a header naming launcher, entrypoint (with `options`, if any) and
+    hardware, then one block per step."""
     header = (
         f"# launcher: {plan.launcher.path}.py\n"
-        f"# entrypoint: {plan.entrypoint}\n"
+        f"# entrypoint: {plan.entrypoint}{' ' + options if options else ''}\n"
         f"# hardware: {plan.hardware.describe()}\n"
     )
     blocks = [step.render() for step in plan.steps]
     text = scrub(header + "".join(f"\n{block}\n" for block in blocks), plan.host.env)
     steps = tuple(step.redacted() for step in plan.steps)
-    return Recording(plan.launcher.path, plan.entrypoint, plan.hardware.name, steps, text)
+    dicts = tuple(scrub_data(step.to_dict(), plan.host.env) for step in plan.steps)
+    name = name or plan.entrypoint
+    return Recording(plan.launcher.path, name, plan.hardware.name, steps, text, dicts)
 
 
-def record(launcher: Launcher, entrypoint: str, args: LauncherArgs | None = None) -> Recording:
-    """Record one entrypoint hermetically: frozen environment, placeholders, no probing."""
-    return recording_of(build_plan(launcher, entrypoint, args))
+def record(launcher: Launcher, name: str, args: LauncherArgs | None = None) -> Recording:
+    """Record hermetically (frozen environment, placeholders, no probing) the recording `name`
+    of `launcher` (see `Launcher.recordings`), or its entrypoint `name` with `args`."""
+    if args is None and name in launcher.recordings:
+        entrypoint, values = launcher.recordings[name]
+        options = " ".join(f"{flag(k)} {v}" for k, v in values.items())
+        plan = build_plan(launcher, entrypoint, launcher.args(**values))
+        return recording_of(plan, name, options)
+    return recording_of(build_plan(launcher, name, args))
 
 
 def record_all(launchers: Iterable[Launcher] | None = None) -> list[Recording]:
@@ -67,7 +77,7 @@ def record_all(launchers: Iterable[Launcher] | None = None) -> list[Recording]:
         from harness.discovery import discover_launchers
 
         launchers = discover_launchers()
-    return [record(lau, name) for lau in launchers for name in lau.entrypoint_names]
+    return [record(lau, name) for lau in launchers for name in lau.recordings]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

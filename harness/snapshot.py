@@ -31,6 +31,19 @@ def snapshot_path(name: str, root: Path = SNAPSHOT_ROOT) -> Path:
     return root / f"{name}{SUFFIX}"
 
 
+def missing_snapshot(name: str, root: Path = SNAPSHOT_ROOT) -> str | None:
+    """Why recording `name` cannot be compared (its file is missing, with the fix), else None."""
+    path = snapshot_path(name, root)
+    if path.is_file():
+        return None
+    shown = path.relative_to(CHECKOUT) if path.is_relative_to(CHECKOUT) else path
+    return (
+        f"no snapshot {shown} for {name}: record it with "
+        "`PYTHONPATH=$PWD python -m pytest tests/test_snapshots.py --snapshot-update` "
+        "and review the new file"
+    )
+
+
 def orphan_snapshots(names: Iterable[str], root: Path = SNAPSHOT_ROOT) -> list[Path]:
     """Snapshot files under `root` that no recording `names` accounts for."""
     expected = {snapshot_path(name, root) for name in names}

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple
 
+from harness.run_tag import TAG_VAR, RunTag
 from harness.secrets import redact_env
 
 _FLAG = re.compile(r"^--[A-Za-z]|^--$")  # long flags start a line; -m, -9 stay put
@@ -54,6 +55,11 @@ def _group_flags(argv: Sequence[str]) -> list[list[str]]:
             groups.append([])
         groups[-1].append(token)
     return groups
+
+
+def token_auth_env(token_path: str) -> dict[str, str]:
+    """Ray's token authentication, on, with the token read from `token_path` (not a value)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}
 
 
 def runtime_env_json(runtime_env: Mapping[str, Any]) -> str:
@@ -111,36 +117,44 @@ class HubDownload(Step):
 
 
 @dataclass(frozen=True)
-class ProcessCleanup(Step):
-    """Kill what a previous run left behind on this node before starting a new one.
+class ClaimRun(Step):
+    """Prepare this node for run `tag` (`harness.ownership.claim`).
 
-    `names` match process names (``pkill NAME``), `patterns` whole command lines
-    (``pkill -f PATTERN``); `stop_ray` stops every Ray process of this node.
+    Stops what an earlier run of the same launcher on the same devices left behind, and
+    refuses when a Ray or trainer this launcher did not start holds the devices or `ports`.
+    Nothing else on the node is touched.
     """
 
-    kind: ClassVar[str] = "process_cleanup"
-    names: tuple[str, ...] = ()
-    patterns: tuple[str, ...] = ()
-    stop_ray: bool = True
+    kind: ClassVar[str] = "claim_run"
+    tag: str
+    checkout: str
+    ports: tuple[int, ...] = ()
+    token_path: str | None = None  # where the run's fresh token goes; None: no token
 
     def __post_init__(self) -> None:
-        _freeze(self, names=tuple(self.names), patterns=tuple(self.patterns))
+        RunTag.parse(self.tag)
+        _freeze(self, ports=tuple(self.ports))
 
     def commands(self) -> tuple[Command, ...]:
-        kills = [("pkill", "-9", name) for name in self.names]
-        kills += [("pkill", "-9", "-f", pattern) for pattern in self.patterns]
-        commands = [Command(argv, ignore_failure=True) for argv in kills]
-        if self.stop_ray:
-            commands.append(Command(("ray", "stop", "--force")))
-        return tuple(commands)
+        argv = ["python3", "-m", "harness.ownership", "claim", "--tag", self.tag]
+        for port in self.ports:
+            argv += ["--port", str(port)]
+        if self.token_path is not None:
+            argv += ["--token-path", self.token_path]
+        return (Command(tuple(argv), cwd=self.checkout),)
 
 
 @dataclass(frozen=True)
 class RayStart(Step):
-    """``ray start``: a head node (`head=True`) or a worker joining `head_address`."""
+    """``ray start``: a head node (`head=True`) or a worker joining `head_address`.
+
+    With a run `tag` the Ray processes carry it in their environment and keep their files in
+    the run's own temp dir, so that only they are stopped afterwards, and the cluster requires
+    Ray's token authentication with the run's token file (`ClaimRun` writes it).
+    """
 
     kind: ClassVar[str] = "ray_start"
-    node_ip_address: str
+    node_ip_address: str | None  # None: Ray picks the node's routable address (several nodes)
     num_gpus: int
     head: bool = True
     head_address: str | None = None
@@ -149,53 +163,120 @@ class RayStart(Step):
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 8265
     env: Mapping[str, str] = field(default_factory=dict)
+    tag: str | None = None
+    token_path: str | None = None  # token authentication with this token file
+    block: bool = False
+    agent_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.head == (self.head_address is not None):
             raise ValueError("a head node takes no head_address; a worker needs one")
+        if self.tag is not None:
+            RunTag.parse(self.tag)
         _freeze(self, env=dict(self.env))
 
     def commands(self) -> tuple[Command, ...]:
         argv = ["ray", "start"]
         if self.head:
-            argv += ["--head", "--node-ip-address", self.node_ip_address, "--port", str(self.port)]
+            argv += ["--head"]
         else:
-            argv += ["--address", str(self.head_address), "--node-ip-address", self.node_ip_address]
+            argv += ["--address", str(self.head_address)]
+        if self.node_ip_address is not None:
+            argv += ["--node-ip-address", self.node_ip_address]
+        if self.head:
+            argv += ["--port", str(self.port)]
         argv += ["--num-gpus", str(self.num_gpus)]
         if self.num_cpus is not None:
             argv += ["--num-cpus", str(self.num_cpus)]
         if self.head:
             argv += ["--dashboard-host", self.dashboard_host]
             argv += ["--dashboard-port", str(self.dashboard_port)]
+        env = dict(self.env)
+        if self.tag is not None:
+            argv += ["--temp-dir", RunTag.parse(self.tag).temp_dir]
+            env[TAG_VAR] = self.tag
+        if self.token_path is not None:
+            env.update(token_auth_env(self.token_path))
+        if self.agent_port is not None:
+            argv += ["--dashboard-agent-listen-port", str(self.agent_port)]
+        if self.block:
+            argv.append("--block")
         argv.append("--disable-usage-stats")
-        return (Command(tuple(argv), self.env),)
+        return (Command(tuple(argv), env),)
 
     def redacted(self) -> RayStart:
         return dataclasses.replace(self, env=redact_env(self.env))
 
 
 @dataclass(frozen=True)
-class RayStop(Step):
-    """``ray stop``: end the Ray processes of this node."""
+class WaitForCluster(Step):
+    """Wait, up to `timeout_s`, until the Ray cluster at `address` (``HOST:PORT`` of its GCS)
+    has `nodes` alive nodes and `gpus` GPUs (`harness.cluster`); else one line, exit 1."""
 
-    kind: ClassVar[str] = "ray_stop"
-    force: bool = False
+    kind: ClassVar[str] = "wait_for_cluster"
+    address: str
+    nodes: int
+    gpus: int
+    timeout_s: int
+    token_path: str
+    checkout: str
 
     def commands(self) -> tuple[Command, ...]:
-        return (Command(("ray", "stop", "--force") if self.force else ("ray", "stop")),)
+        argv = ("python3", "-m", "harness.cluster", "wait", "--address", self.address)
+        argv += ("--nodes", str(self.nodes), "--gpus", str(self.gpus))
+        argv += ("--timeout", str(self.timeout_s))
+        return (Command(argv, token_auth_env(self.token_path), self.checkout),)
+
+
+@dataclass(frozen=True)
+class WaitForHead(Step):
+    """Wait, up to `timeout_s`, until the head's GCS at `address` answers and its token file
+    exists (a worker joins only then); else one line, exit 1."""
+
+    kind: ClassVar[str] = "wait_for_head"
+    address: str
+    timeout_s: int
+    token_path: str
+    checkout: str
+
+    def commands(self) -> tuple[Command, ...]:
+        argv = ("python3", "-m", "harness.cluster", "wait-head", "--address", self.address)
+        argv += ("--token-file", self.token_path, "--timeout", str(self.timeout_s))
+        return (Command(argv, cwd=self.checkout),)
+
+
+@dataclass(frozen=True)
+class RayStop(Step):
+    """Stop the Ray that run `tag` started, and nothing else (`harness.ownership.release`).
+
+    ``ray stop`` would end every Ray process of the node, other users' included.
+    """
+
+    kind: ClassVar[str] = "ray_stop"
+    tag: str
+    checkout: str
+
+    def __post_init__(self) -> None:
+        RunTag.parse(self.tag)
+
+    def commands(self) -> tuple[Command, ...]:
+        argv = ("python3", "-m", "harness.ownership", "release", "--tag", self.tag)
+        return (Command(argv, cwd=self.checkout),)
 
 
 @dataclass(frozen=True)
 class RayJobSubmit(Step):
     """``ray job submit``: run `entrypoint` as a Ray job with `runtime_env`, wait, stream logs.
 
-    Secrets travel only in ``runtime_env["env_vars"]``, never in the entrypoint.
+    Secrets travel only in ``runtime_env["env_vars"]``, never in the entrypoint. With
+    `auth_token_path` the submission authenticates with the token in that file.
     """
 
     kind: ClassVar[str] = "ray_job_submit"
     address: str
     entrypoint: tuple[str, ...]
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
+    auth_token_path: str | None = None
 
     def __post_init__(self) -> None:
         if not self.entrypoint:
@@ -209,7 +290,8 @@ class RayJobSubmit(Step):
     def commands(self) -> tuple[Command, ...]:
         argv = ("ray", "job", "submit", "--address", self.address)
         argv += ("--runtime-env-json", runtime_env_json(self.runtime_env), "--", *self.entrypoint)
-        return (Command(argv),)
+        env = token_auth_env(self.auth_token_path) if self.auth_token_path else {}
+        return (Command(argv, env),)
 
     def redacted(self) -> RayJobSubmit:
         if "env_vars" not in self.runtime_env:
@@ -237,6 +319,27 @@ class Shell(Step):
 
     def redacted(self) -> Shell:
         return dataclasses.replace(self, env=redact_env(self.env))
+
+
+@dataclass(frozen=True)
+class WriteFile(Step):
+    """Write `content` to `path` (its folder made), with permission bits `mode`."""
+
+    kind: ClassVar[str] = "write_file"
+    path: str
+    content: str
+    mode: int = 0o644
+
+    def commands(self) -> tuple[Command, ...]:
+        return ()
+
+    def render(self) -> str:
+        quoted = shlex.quote(self.path)
+        return (
+            f"mkdir -p {shlex.quote(self.path.rsplit('/', 1)[0] or '/')}\n"
+            f"cat > {quoted} <<'EOF'\n{self.content.rstrip()}\nEOF\n"
+            f"chmod {self.mode:o} {quoted}"
+        )
 
 
 def train_py_argv(step: Step) -> tuple[str, ...] | None:

@@ -64,7 +64,7 @@ def row(launcher: Launcher) -> str:
     """The launcher's row: what it downloads and the backends its train.py argv resolves to."""
     from trainer.arguments import parse_args
 
-    recordings = [record(launcher, name) for name in launcher.entrypoint_names]
+    recordings = [record(launcher, name) for name in launcher.recordings]
     steps = [step for recording in recordings for step in recording.steps]
     argv = next((a for a in map(train_py_argv, steps) if a is not None), None)
     if argv is None:

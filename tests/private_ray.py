@@ -1,8 +1,9 @@
-"""A private local Ray cluster for live tests on a machine that may run other people's Ray.
+"""A private local Ray for live tests on a machine that may run other people's Ray.
 
-``ray stop`` and the launchers' process cleanup end every Ray process of the node. This
-cluster's processes run under a tag in their environment (inherited by every Ray process and
-job) with their own temp dir and ports, and only processes carrying the tag are stopped.
+Its processes run under a tag in their environment (inherited by every Ray process and job)
+with their own temp dir and ports, and only processes carrying the tag are stopped. Tests use
+it as the Ray that ``train.py`` starts by itself, and as a *foreign* Ray (`start_head`) that a
+launcher's live run must leave alone.
 """
 
 from __future__ import annotations
@@ -12,16 +13,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
-
-from harness.live import run_step
-from harness.steps import ProcessCleanup, RayStart, RayStop, Step
 
 TAG = "GRPO_TEST_RAY_TAG"
 
@@ -38,9 +35,6 @@ class PrivateRay:
         # short: Ray's socket paths under it must stay below the 107-byte limit
         self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
         self.ray_port, self.dashboard_port = free_port(), free_port()
-        self.ran: list[str] = []
-        self.seen_processes = 0
-        self.jobs: list[tuple[str, str]] = []  # (entrypoint, status) seen before Ray stopped
 
     @property
     def env(self) -> dict[str, str]:
@@ -93,34 +87,14 @@ class PrivateRay:
         self.stop()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
-    def run(self, step: Step, env: Mapping[str, str]) -> None:
-        """A live step runner that keeps the plan's Ray to this cluster."""
-        self.ran.append(step.kind)
-        env = {**env, **self.env}
-        if isinstance(step, ProcessCleanup):
-            return  # it would kill other people's Ray and trainers
-        if isinstance(step, RayStop):
-            self._record_jobs()
-            self.stop()
-            return
-        if isinstance(step, RayStart):
-            (command,) = step.commands()
-            argv = [*command.argv, "--temp-dir", self.temp_dir]
-            argv += ["--ray-client-server-port", str(free_port())]
-            argv += ["--dashboard-agent-listen-port", str(free_port())]
-            subprocess.run(argv, env={**env, **command.env}, check=True)
-            self.seen_processes = len(self.processes())
-            return
-        run_step(step, env)
-
-    def _record_jobs(self) -> None:
-        from ray.job_submission import JobSubmissionClient
-
-        client = JobSubmissionClient(f"http://127.0.0.1:{self.dashboard_port}")
-        deadline = time.time() + 10
-        while True:
-            jobs = client.list_jobs()
-            if all(job.status.is_terminal() for job in jobs) or time.time() > deadline:
-                break
-            time.sleep(0.5)
-        self.jobs = [(job.entrypoint, job.status.value) for job in jobs]
+    def start_head(self) -> None:
+        """``ray start --head`` of this cluster: one CPU, its own temp dir and ports."""
+        ray = str(Path(sys.executable).with_name("ray"))
+        argv = [
+            *(ray, "start", "--head", "--node-ip-address", "127.0.0.1"),
+            *("--port", str(self.ray_port), "--dashboard-port", str(self.dashboard_port)),
+            *("--num-cpus", "1", "--num-gpus", "0", "--temp-dir", self.temp_dir),
+            *("--ray-client-server-port", str(free_port())),
+            *("--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats"),
+        ]
+        subprocess.run(argv, env={**os.environ, **self.env}, check=True, capture_output=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,8 +13,10 @@ import pytest
 from harness.cli import run
 from harness.context import Plan
 from harness.hardware import match_hardware
-from harness.host import CHECKOUT, HostView, detect_gpus
-from harness.steps import ProcessCleanup, RayJobSubmit, RayStart, RayStop
+from harness.host import CHECKOUT, RECORD_RUN_ID, HostView, detect_gpus
+from harness.live import Terminated
+from harness.record import record
+from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop
 from launchers.amd.run_qwen3_4b_lora import LAUNCHER as AMD
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
 
@@ -51,10 +54,14 @@ def cli(launcher, argv, capsys, *, live=None, detected=None, **env):
         (["train", "--bogus"], "No such option: --bogus"),
         (["train", "--global-batch-size", "48"], "must be a multiple of --global-batch-size 48"),
         (["train", "--lora-rank", "x"], "--lora-rank"),
-        (["train", "--num-nodes", "2"], "needs a running Ray cluster"),
+        (["train", "--lr", "nan"], "--lr must be a finite number (got nan)"),
+        (["train", "--sglang-mem-fraction-static", "inf"], "must be a finite number (got inf)"),
+        (["worker", "--num-nodes", "2"], "worker needs --head-address"),
+        (["worker", "--head-address", "h", "--ray-address", "http://h:8265"], "drop --ray-address"),
         (["train", "--extra-env", "NOPE"], "--extra-env items must be NAME=VALUE"),
         (["train", "--extra-args", "--wandb-key k"], "--wandb-key is not accepted"),
         (["prepare", "--run-id", "../x"], "--run-id must be"),
+        (["prepare", "--model-name", "../Qwen3-4B"], "--model-name must be a Hub model name"),
         (["pretrain"], "No such command 'pretrain'"),
     ],
 )
@@ -99,8 +106,23 @@ def test_live_mode_hands_the_validated_plan_to_the_runner(capsys):
     assert status == 3, "the runner's exit status is the launcher's"
     assert out == ""
     (plan,) = spy.plans
-    assert [type(s) for s in plan.steps] == [ProcessCleanup, RayStart, RayJobSubmit, RayStop]
+    assert [type(s) for s in plan.steps] == [ClaimRun, RayStart, RayJobSubmit, RayStop]
     assert plan.steps[1].num_cpus == 2 and plan.steps[1].num_gpus == 0
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "reason"),
+    [(KeyboardInterrupt, 130, "interrupted"), (Terminated, 143, "terminated")],
+)
+def test_ctrl_c_and_sigterm_end_in_one_line(raised, status, reason, capsys):
+    def live(plan: Plan) -> int:
+        raise raised
+
+    assert cli(CPU, ["train"], capsys, live=live) == (
+        status,
+        "",
+        f"python -m launchers.cpu.run_tiny_qwen3_lora: error: {reason}\n",
+    )
 
 
 def test_joining_a_running_cluster_touches_no_local_process(capsys):
@@ -112,6 +134,14 @@ def test_joining_a_running_cluster_touches_no_local_process(capsys):
     assert job.entrypoint[job.entrypoint.index("--actor-num-nodes") + 1] == "2"
 
 
+def test_model_name_picks_the_hub_repo_and_its_directory(capsys):
+    status, out, _ = cli(AMD, ["prepare", "--dry-run", "--model-name", "Qwen3-8B"], capsys)
+    assert status == 0
+    assert "hf download Qwen/Qwen3-8B \\\n" in out
+    assert "--local-dir /home/u/models/Qwen3-8B\n" in out
+    assert "Qwen3-4B" not in out
+
+
 def test_options_come_from_project_env_vars(capsys, monkeypatch):
     monkeypatch.setenv("GRPO_LAUNCHER_LORA_RANK", "16")
     monkeypatch.setenv("GRPO_LAUNCHER_ENABLE_EVAL", "false")
@@ -119,6 +149,15 @@ def test_options_come_from_project_env_vars(capsys, monkeypatch):
     assert status == 0
     assert "--lora-rank 16 \\\n" in out and "--lr 1e-05 \\\n" in out
     assert "aime" not in out
+
+
+def test_a_bad_value_from_the_environment_names_its_variable(capsys, monkeypatch):
+    monkeypatch.setenv("GRPO_LAUNCHER_LORA_RANK", "abc")
+    status, _, err = cli(AMD, ["train", "--dry-run"], capsys)
+    assert status == 2 and err.count("\n") == 1
+    assert "GRPO_LAUNCHER_LORA_RANK='abc'" in err and "--lora-rank" in err
+    status, _, err = cli(AMD, ["train", "--dry-run", "--lora-rank", "x"], capsys)
+    assert status == 2 and "GRPO_LAUNCHER_LORA_RANK" not in err  # the command line gave it
 
 
 def test_secrets_are_redacted_from_printed_recordings(capsys):
@@ -129,6 +168,18 @@ def test_secrets_are_redacted_from_printed_recordings(capsys):
     assert '"WANDB_API_KEY":"<redacted>"' in out and '"HF_TOKEN":"<redacted>"' in out
     assert '"NCCL_DEBUG":"INFO"' in out
     assert "--use-wandb" in out and "--wandb-mode online" in out
+
+
+def test_common_secret_names_and_their_values_are_redacted_in_dry_runs(capsys):
+    extra = "AWS_SECRET_ACCESS_KEY=aws-s3cr3t,DB_PASSWORD=pw-s3cr3t,SMTP_PASS=smtp-s3cr3t"
+    argv = ["train", "--dry-run", "--extra-env", extra]
+    argv += ["--extra-args", "--wandb-run-name pw-s3cr3t"]  # a secret's value pasted in argv
+    status, out, _ = cli(AMD, argv, capsys, DB_PASSWORD="pw-s3cr3t")
+    assert status == 0
+    assert "s3cr3t" not in out
+    for name in ("AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "SMTP_PASS"):
+        assert f'"{name}":"<redacted>"' in out
+    assert "--wandb-run-name <redacted>" in out
 
 
 @pytest.mark.parametrize(
@@ -177,55 +228,34 @@ def launcher_process(*argv: str, **env: str) -> subprocess.CompletedProcess[str]
     )
 
 
-DESIGN_VALUES = [
-    "ray start",
-    "--num-gpus 8",
-    "RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES=1",
-    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1",
-    "NCCL_NVLS_ENABLE=0",
-    "CUDA_VISIBLE_DEVICES=2,5",
-    "ray job submit",
-    '"RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES":"1"',
-    '"NCCL_NVLS_ENABLE":"0"',
-    "-- python3 train.py",
-    "--lora-rank 64",
-    "--lora-alpha 32",
-    "--lora-dropout 0.0",
-    "--target-modules all-linear",
-    "--lora-base-cpu-backup",
-    "--num-rollout 100",
-    "--rollout-batch-size 8",
-    "--n-samples-per-prompt 8",
-    "--global-batch-size 64",
-    "--rollout-max-response-len 8192",
-    "--lr 2e-05",
-    "--rollout-num-gpus-per-engine 1",
-    "--sglang-mem-fraction-static 0.4",
-    "--sglang-lora-backend triton",
-    "--sglang-attention-backend triton",
-    "--sglang-chunked-prefill-size 4096",
-    "--train-backend megatron",
-    "--colocate",
-    "dapo-math-17k.jsonl",
-    "--input-key prompt",
-    "--label-key label",
-    "--apply-chat-template",
-    "--rm-type deepscaler",
-    "--eval-prompt-data aime24",
-    "--n-samples-per-eval-prompt 16",
-]
+HOST_SPECIFIC = re.compile(r"/__|/tmp/grpo-")  # placeholder paths; the run's temp dir
+
+
+def design_values() -> list[str]:
+    """The lines of the AMD train recording that hold no placeholder path: the seed's values
+    (DESIGN.md section 2), derived from the one source the snapshot also checks."""
+    text = record(AMD, "train").text
+    return [
+        line.strip().removesuffix("\\").strip()
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("#") and not HOST_SPECIFIC.search(line)
+    ]
 
 
 def test_python_m_train_dry_run_prints_every_design_value():
     detected = detect_gpus()
     pinned = [] if detected is None else ["--hardware", "MI355X"]  # on a GPU node, be explicit
     done = launcher_process(
-        "train", "--dry-run", "--num-gpus-per-node", "8", *pinned, HIP_VISIBLE_DEVICES="2,5"
+        *("train", "--dry-run", "--num-gpus-per-node", "8", "--run-id", RECORD_RUN_ID, *pinned),
+        HIP_VISIBLE_DEVICES="2,5",
+        WANDB_API_KEY="k-1",
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("\n") <= 1, "at most the note on --hardware auto"
-    missing = [value for value in DESIGN_VALUES if value not in done.stdout]
+    shown = {line.strip().removesuffix("\\").strip() for line in done.stdout.splitlines()}
+    missing = [value for value in design_values() if value not in shown]
     assert not missing
+    assert {"--num-gpus 8", "CUDA_VISIBLE_DEVICES=2,5", "--sglang-lora-backend triton"} <= shown
     assert "# hardware: MI355X" in done.stdout or match_hardware(detected or "")
 
 

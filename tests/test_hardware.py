@@ -73,7 +73,7 @@ class AmdArgs(LauncherArgs):
 
 
 def emit_stop(ctx: LaunchContext, args: AmdArgs) -> None:
-    ctx.emit(RayStop())
+    ctx.emit(RayStop("launchers.x@cpu/r", "/c"))
 
 
 LAUNCHER = Launcher(args=AmdArgs, entrypoints=(emit_stop,), recorded_hardware="MI355X")

@@ -87,7 +87,7 @@ def test_one_lora_default_is_exactly_one_flag_change(repo: Path) -> None:
             f"{LAUNCHER} {entrypoint}:\n"
             "  ray_job_submit python3 train.py:\n"
             f"    flag changed: --lora-rank: {old} -> {new}\n"
-            for entrypoint in ("train", "full_train")
+            for entrypoint in ("train", "full_train", "train_2_nodes")
         )
     )
 
@@ -96,7 +96,7 @@ def test_one_lora_default_is_exactly_one_flag_change(repo: Path) -> None:
     row = (
         f"| `ray_job_submit python3 train.py` | flag changed | `--lora-rank` | `{old}` | `{new}` |"
     )
-    assert rows == [row, row]
+    assert rows == [row, row, row]
     assert f"**`{LAUNCHER}` · `train`**" in markdown.stdout
     assert len(_worktrees(repo)) == 1
 
@@ -116,6 +116,23 @@ def test_worktree_is_removed_when_the_base_cannot_record(repo: Path) -> None:
     assert done.returncode == 2
     assert done.stderr == "python -m harness.diff: error: cannot record HEAD: broken\n"
     assert len(_worktrees(repo)) == 1
+
+
+@pytest.mark.parametrize(
+    ("breakage", "reason"),
+    [
+        ("raise RuntimeError('half-edited')", "half-edited"),
+        ("raise SystemExit('broken')", "broken"),
+        ("LAUNCHER = None", "launchers/cpu/run_tiny_qwen3_lora.py declares no LAUNCHER"),
+    ],
+)
+def test_a_working_tree_that_cannot_record_exits_2(repo: Path, breakage: str, reason: str) -> None:
+    (repo / LAUNCHER).write_text((repo / LAUNCHER).read_text() + f"\n{breakage}\n")
+    done = _diff(repo, "--base", "HEAD")
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith("python -m harness.diff: error: cannot record the working tree: ")
+    assert reason in done.stderr and done.stderr.count("\n") == 1
 
 
 def test_split_command_keeps_values_and_switches() -> None:

@@ -4,7 +4,9 @@ a fake Hub download function and a fake Ray job client."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -14,8 +16,8 @@ from ray.job_submission import JobStatus
 from harness.context import Plan
 from harness.hardware import get_hardware
 from harness.host import HostView
-from harness.live import StepFailed, execute_plan, live_env, run_job, run_step
-from harness.steps import HubDownload, RayJobSubmit, RayStop, Shell, Step
+from harness.live import StepFailed, Terminated, execute_plan, live_env, run_job, run_step
+from harness.steps import HubDownload, RayJobSubmit, RayStart, RayStop, Shell, Step
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
 
 
@@ -53,28 +55,70 @@ def test_a_missing_program_is_a_failed_step():
         run_step(Shell(("no-such-program-xyz",)), live_env())
 
 
-def test_ray_is_stopped_even_when_the_job_fails_or_is_interrupted():
+TAG = "launchers.cpu.run_tiny_qwen3_lora@cpu/r"
+START = RayStart("127.0.0.1", num_gpus=0, tag=TAG)
+JOB_STEP = RayJobSubmit("http://127.0.0.1:8265", ("python3", "train.py"))
+STOP = RayStop(TAG, "/c")
+
+
+def runner(ran: list[Step], fail_on: type[Step], error: BaseException):
+    def run(step: Step, env) -> None:
+        ran.append(step)
+        if isinstance(step, fail_on):
+            raise error
+
+    return run
+
+
+@pytest.mark.parametrize(
+    "error",
+    [StepFailed("job failed", 5), RuntimeError("lost the job server"), ConnectionError()],
+    ids=["step-failed", "any-exception", "no-message"],
+)
+def test_a_failure_after_ray_started_stops_that_ray_in_one_line(error, capsys):
+    ran: list[Step] = []
+    status = execute_plan(
+        plan_of(START, JOB_STEP, Shell(("true",))), runner(ran, RayJobSubmit, error)
+    )
+    assert status == (5 if isinstance(error, StepFailed) else 1)
+    assert ran == [START, JOB_STEP, STOP]
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "Traceback" not in errors[0]
+
+
+def test_a_failed_download_stops_no_ray_when_none_was_started():
+    ran: list[Step] = []
+    download = HubDownload("Qwen/Qwen3-4B", "/m")
+    plan = plan_of(download, START, JOB_STEP, STOP)
+    assert execute_plan(plan, runner(ran, HubDownload, StepFailed("offline"))) == 1
+    assert ran == [download]
+
+
+def test_ctrl_c_stops_the_started_ray_once():
+    ran: list[Step] = []
+    with pytest.raises(KeyboardInterrupt):
+        execute_plan(plan_of(START, JOB_STEP, STOP), runner(ran, RayJobSubmit, KeyboardInterrupt()))
+    assert ran == [START, JOB_STEP, STOP]
+    ran.clear()
+    assert execute_plan(plan_of(START, STOP, JOB_STEP), runner(ran, RayJobSubmit, StepFailed("x")))
+    assert ran == [START, STOP, JOB_STEP], "a Ray already stopped is not stopped twice"
+
+
+def test_sigterm_takes_the_ctrl_c_path():
     ran: list[Step] = []
 
-    def fake_run(step: Step, env) -> None:
+    def run(step: Step, env) -> None:
         ran.append(step)
         if isinstance(step, RayJobSubmit):
-            raise StepFailed("job failed", 5)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the signal interrupts this
 
-    job = RayJobSubmit("http://127.0.0.1:8265", ("python3", "train.py"))
-    later = Shell(("true",))
-    assert execute_plan(plan_of(job, later, RayStop()), fake_run) == 5
-    assert ran == [job, RayStop()]
-
-    def interrupted(step: Step, env) -> None:
-        ran.append(step)
-        if isinstance(step, RayJobSubmit):
-            raise KeyboardInterrupt
-
-    ran.clear()
-    with pytest.raises(KeyboardInterrupt):
-        execute_plan(plan_of(job, RayStop()), interrupted)
-    assert ran == [job, RayStop()]
+    started = time.monotonic()
+    with pytest.raises(Terminated):
+        execute_plan(plan_of(START, JOB_STEP, STOP), run)
+    assert time.monotonic() - started < 4
+    assert ran == [START, JOB_STEP, STOP]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_hub_download_uses_snapshot_download(monkeypatch):
@@ -176,3 +220,55 @@ def test_ctrl_c_stops_the_job():
     with pytest.raises(KeyboardInterrupt):
         run_job(JOB, client)
     assert client.stopped == ["raysubmit_1"]
+
+
+def test_losing_the_job_server_stops_the_job():
+    class Lost(FakeJobClient):
+        def get_job_status(self, job_id: str) -> JobStatus:
+            raise ConnectionError("job server gone")
+
+    client = Lost([JobStatus.RUNNING])
+    with pytest.raises(ConnectionError):
+        run_job(JOB, client)
+    assert client.stopped == ["raysubmit_1"]
+
+
+def test_a_run_of_its_own_ray_submits_with_the_run_token(tmp_path, monkeypatch):
+    token_file = tmp_path / "auth_token"
+    token_file.write_text("t0k3n-of-this-run")
+    made: list[dict] = []
+
+    class Client(FakeJobClient):
+        def __init__(self, address: str, headers: dict) -> None:
+            super().__init__([JobStatus.SUCCEEDED])
+            made.append({"address": address, "headers": headers})
+
+    monkeypatch.setattr("ray.job_submission.JobSubmissionClient", Client)
+    step = RayJobSubmit(JOB.address, JOB.entrypoint, JOB.runtime_env, str(token_file))
+    run_step(step, {})
+    assert made == [
+        {"address": JOB.address, "headers": {"Authorization": "Bearer t0k3n-of-this-run"}}
+    ]
+    assert "t0k3n" not in step.render()
+    assert "RAY_AUTH_TOKEN_PATH=" in step.render()
+
+
+def test_secret_values_are_scrubbed_from_the_console(capsys, monkeypatch):
+    monkeypatch.setattr("harness.live._POLL_S", 0)
+
+    class Chatty(FakeJobClient):
+        async def tail_job_logs(self, job_id: str) -> AsyncIterator[str]:
+            yield "key is real-key\n"
+
+    run_job(JOB, Chatty([JobStatus.SUCCEEDED]))
+    assert capsys.readouterr().out == "key is <redacted>\n"
+    plan = plan_of(Shell(("python3", "-c", "raise SystemExit(3)"), env={"X": "pw-s3cr3t"}))
+    plan = Plan(
+        plan.launcher,
+        "train",
+        plan.hardware,
+        HostView({"DB_PASSWORD": "pw-s3cr3t", "PATH": os.environ["PATH"]}, "/h", "/c", "/c", "r"),
+        plan.steps,
+    )
+    assert execute_plan(plan) == 3
+    assert "pw-s3cr3t" not in capsys.readouterr().err

@@ -14,8 +14,10 @@ from types import ModuleType
 import pytest
 
 from harness.diff import Change, diff_recordings
+from harness.host import RECORD_CHECKOUT, RECORD_RUN_ID
 from harness.platform import ROCM_DEFAULTS
 from harness.record import record
+from harness.run_tag import RunTag
 from launchers import run_qwen3_4b_lora as cuda
 from launchers.amd import run_qwen3_4b_lora as amd
 
@@ -25,23 +27,54 @@ PLATFORM_FIELDS = {"hardware", "wandb_project"}
 
 def _recordings(module: ModuleType) -> list[dict]:
     launcher = module.LAUNCHER
-    recordings = [record(launcher, name).to_dict() for name in launcher.entrypoint_names]
+    recordings = [record(launcher, name).to_dict() for name in launcher.recordings]
     for recording in recordings:
         recording["launcher"] = "qwen3_4b_lora"
     return json.loads(json.dumps(recordings))
 
 
-def _expected_train_changes() -> set[Change]:
+def _tags(role: str = "") -> tuple[RunTag, RunTag]:
+    """The run tags of the twins: they name each launcher's own file (identity, not platform)."""
+    return tuple(  # type: ignore[return-value]
+        RunTag(f"{RECORD_CHECKOUT}/{mod.LAUNCHER.path}.py{role}", "all", RECORD_RUN_ID)
+        for mod in (amd, cuda)
+    )
+
+
+def _tag_changes(steps: tuple[str, ...], role: str = "") -> set[Change]:
+    old, new = _tags(role)
+    return {Change("setting", "changed", "tag", str(old), str(new), step) for step in steps}
+
+
+def _rocm_removed(*steps: str) -> set[Change]:
+    return {
+        Change("env", "removed", *item, step=step)
+        for step in steps
+        for item in ROCM_DEFAULTS.items()
+    }
+
+
+def _expected_train_changes(nodes: int = 1) -> set[Change]:
     flags = {
         "--wandb-project": (amd.Args().wandb_project, cuda.Args().wandb_project),
         "--sglang-lora-backend": (amd.SGLANG.lora, cuda.SGLANG.lora),
         "--sglang-attention-backend": (amd.SGLANG.attention, cuda.SGLANG.attention),
     }
-    changes = {Change("hardware", "changed", "hardware", "MI355X", "H200")}
+    changes = {HARDWARE}
     changes |= {Change("flag", "changed", name, *values, JOB) for name, values in flags.items()}
-    for step in ("ray_start head", JOB):
-        changes |= {Change("env", "removed", *item, step=step) for item in ROCM_DEFAULTS.items()}
+    changes |= _rocm_removed("ray_start head", JOB)
+    changes |= _tag_changes(("claim_run", "ray_start head"))
+    if nodes == 1:  # the token lives in the run's temp dir, named from the tag
+        old, new = (tag.token_path for tag in _tags())
+        changes.add(Change("setting", "changed", "auth_token_path", old, new, JOB))
+        changes |= {
+            Change("setting", "changed", "token_path", old, new, step)
+            for step in ("claim_run", "ray_start head")
+        }
     return changes
+
+
+HARDWARE = Change("hardware", "changed", "hardware", "MI355X", "H200")
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +85,19 @@ def differences() -> dict[str, set[Change]]:
 
 def test_recordings_differ_only_in_platform_choices(differences: dict[str, set[Change]]) -> None:
     train = _expected_train_changes()
+    sbatch = differences.pop("sbatch_2_nodes")
     assert differences == {
-        "prepare": {Change("hardware", "changed", "hardware", "MI355X", "H200")},
+        "prepare": {HARDWARE},
         "train": train,
         "full_train": train,
+        "train_2_nodes": _expected_train_changes(nodes=2),
+        "worker_2_nodes": {HARDWARE}
+        | _rocm_removed("ray_start worker")
+        | _tag_changes(("claim_run", "ray_start worker", "ray_stop"), role=":worker"),
     }
+    (content,) = sbatch - {HARDWARE}  # the script names its launcher module, nothing else
+    assert content.name == "content"
+    assert content.old.replace("launchers.amd.", "launchers.") == content.new
 
 
 def test_the_platforms_pick_different_sglang_backends() -> None:

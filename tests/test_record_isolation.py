@@ -2,8 +2,9 @@
 
 A child process records every launcher with odd values in the variables a launcher could
 read, from another working directory, under an audit hook that refuses any process, signal,
-network access or file write outside the temp dir. Its recordings must equal the snapshots
-byte for byte and hold no secret.
+network access or file write outside the temp dir. Its recordings must equal this process's
+byte for byte and hold no secret. (Whether they equal the stored snapshots is
+tests/test_snapshots.py's question, so that ``--snapshot-update`` is green in one run.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import textwrap
 
 from harness.host import CHECKOUT, FROZEN_ENV
 from harness.record import record_all
-from harness.snapshot import SNAPSHOT_ROOT, snapshot_path
+from harness.snapshot import SNAPSHOT_ROOT
 
 SECRET = "sk-odd-secret-9f8e7d6c"
 ODD_ENV = {
@@ -25,6 +26,7 @@ ODD_ENV = {
     "ROCR_VISIBLE_DEVICES": "",
     "RAY_ADDRESS": "http://10.9.8.7:8265",
     "SLURM_JOB_NUM_NODES": "13",
+    "SLURM_JOB_NODELIST": "odd[1-13]",
     "MASTER_ADDR": "10.1.2.3",
     "WANDB_API_KEY": SECRET,
     "HF_TOKEN": SECRET,
@@ -92,9 +94,7 @@ def test_recordings_ignore_the_host_and_have_no_side_effects(tmp_path):
     assert child["guarded"], "the audit hook must refuse writes and processes"
     here = {r.snapshot_name: r.text for r in record_all()}
     assert child["texts"] == here
-    for name, text in here.items():
-        assert snapshot_path(name).read_text() == text, f"{name} differs from its snapshot"
-        assert SECRET not in text
+    assert here and all(SECRET not in text for text in here.values())
 
 
 def test_no_snapshot_holds_a_secret_value():

@@ -188,14 +188,14 @@ def test_installed_serverargs_is_read_from_its_dataclass_fields(monkeypatch) -> 
 
 
 def test_every_recorded_sglang_launcher_yields_valid_server_args() -> None:
-    from harness import build_plan
     from harness.discovery import discover_launchers
+    from harness.record import record
     from harness.steps import train_py_argv
 
     built = {}
     for launcher in discover_launchers():
-        for entrypoint in launcher.entrypoint_names:
-            for step in build_plan(launcher, entrypoint, launcher.args()).steps:
+        for name in launcher.recordings:
+            for step in record(launcher, name).steps:
                 argv = train_py_argv(step)
                 if argv is None or parse_args(argv).rollout_backend != "sglang":
                     continue

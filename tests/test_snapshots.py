@@ -18,12 +18,13 @@ from harness.record import record
 from harness.snapshot import (
     SNAPSHOT_ROOT,
     LauncherSnapshotExtension,
+    missing_snapshot,
     orphan_snapshots,
     snapshot_path,
 )
 
 LAUNCHERS = discover_launchers()
-CASES = [(launcher, name) for launcher in LAUNCHERS for name in launcher.entrypoint_names]
+CASES = [(launcher, name) for launcher in LAUNCHERS for name in launcher.recordings]
 
 
 @pytest.mark.parametrize(
@@ -31,14 +32,15 @@ CASES = [(launcher, name) for launcher in LAUNCHERS for name in launcher.entrypo
 )
 def test_recording_matches_snapshot(launcher, entrypoint, launcher_snapshot):
     recording = record(launcher, entrypoint)
-    assert recording.text == launcher_snapshot(name=recording.snapshot_name)
+    assert recording.text == launcher_snapshot(recording.snapshot_name)
 
 
 def test_known_launchers_are_discovered():
     modules = {launcher.module for launcher in LAUNCHERS}
     assert {"launchers.amd.run_qwen3_4b_lora", "launchers.cpu.run_tiny_qwen3_lora"} <= modules
     amd = next(lau for lau in LAUNCHERS if lau.module == "launchers.amd.run_qwen3_4b_lora")
-    assert amd.entrypoint_names == ("prepare", "train", "full_train")
+    assert amd.entrypoint_names == ("prepare", "train", "full_train", "worker", "sbatch")
+    assert {"train_2_nodes", "worker_2_nodes", "sbatch_2_nodes"} <= set(amd.recordings)
     assert amd.recorded_hardware == "MI355X"
 
 
@@ -55,6 +57,14 @@ def test_no_snapshot_without_a_launcher(request):
         return
     stray = [str(path.relative_to(SNAPSHOT_ROOT)) for path in orphans]
     assert not stray, f"snapshots without a launcher entrypoint: {stray} (run --snapshot-update)"
+
+
+def test_a_missing_snapshot_names_its_file_and_the_fix(tmp_path):
+    assert missing_snapshot("launchers/amd/run_qwen3_4b_lora/train") is None
+    reason = missing_snapshot("launchers/new/run_x/train", tmp_path)
+    assert reason is not None
+    assert f"no snapshot {tmp_path}/launchers/new/run_x/train.txt" in reason
+    assert "pytest tests/test_snapshots.py --snapshot-update" in reason
 
 
 def test_orphan_detection(tmp_path):

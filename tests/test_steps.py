@@ -7,10 +7,10 @@ import shlex
 
 import pytest
 
-from harness.secrets import REDACTED, is_secret, scrub
+from harness.secrets import REDACTED, is_secret, scrub, scrub_data
 from harness.steps import (
+    ClaimRun,
     HubDownload,
-    ProcessCleanup,
     RayJobSubmit,
     RayStart,
     RayStop,
@@ -43,13 +43,37 @@ def test_hub_download_rejects_unknown_repo_type():
         HubDownload("a/b", "/x", "space")  # type: ignore[arg-type]
 
 
-def test_short_commands_stay_on_one_line():
-    assert RayStop().render() == "ray stop"
-    assert RayStop(force=True).render() == "ray stop --force"
-    assert ProcessCleanup(names=("sglang",), patterns=("python3 train.py",)).render() == (
-        "pkill -9 sglang || true\npkill -9 -f 'python3 train.py' || true\nray stop --force"
+TAG = "launchers.amd.run_x@2,5/r1"
+
+
+def test_run_steps_act_on_their_run_tag_only():
+    assert RayStop(TAG, "/c").render() == (
+        "cd /c && \\\npython3 -m harness.ownership release \\\n  --tag launchers.amd.run_x@2,5/r1"
     )
-    assert ProcessCleanup(names=("x",), stop_ray=False).render() == "pkill -9 x || true"
+    claim = ClaimRun(TAG, "/c", ports=(6379, 8265)).render()
+    assert words(claim) == [
+        *("cd", "/c", "&&", "python3", "-m", "harness.ownership", "claim", "--tag", TAG),
+        *("--port", "6379", "--port", "8265"),
+    ]
+    for text in (claim, RayStop(TAG, "/c").render()):
+        assert "pkill" not in text and "ray stop" not in text
+    with pytest.raises(ValueError, match="not a run tag"):
+        RayStop("no-tag", "/c")
+
+
+def test_a_tagged_ray_start_has_its_own_temp_dir_and_carries_the_tag():
+    token = "/tmp/t/auth_token"
+    (command,) = RayStart("127.0.0.1", num_gpus=2, tag=TAG, token_path=token).commands()
+    temp_dir = command.argv[command.argv.index("--temp-dir") + 1]
+    assert command.env == {
+        "GRPO_RUN_TAG": TAG,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": token,
+    }
+    assert temp_dir.startswith("/tmp/grpo-") and len(temp_dir) <= 30
+    other_run = RayStart("127.0.0.1", num_gpus=2, tag=TAG.replace("r1", "r2")).commands()[0]
+    other_temp_dir = other_run.argv[other_run.argv.index("--temp-dir") + 1]
+    assert other_temp_dir != temp_dir and other_temp_dir[:19] == temp_dir[:19]  # same slot
 
 
 def test_ray_start_head_puts_env_first_and_one_flag_per_line():
@@ -152,9 +176,23 @@ def test_steps_are_immutable_values():
         ("AWS_SECRET", True),
         ("DB_PASSWORD", True),
         ("wandb_api_key", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("AWS_SESSION_TOKEN", True),
+        ("MY_CLIENT_SECRET_VALUE", True),
+        ("SMTP_PASS", True),
+        ("PGPASSWORD", True),
+        ("GITHUB_PAT", True),
+        ("SSH_PRIVATE_KEY", True),
+        ("GOOGLE_APPLICATION_CREDENTIALS", True),
+        ("RAY_AUTH_TOKEN", True),
+        ("TOKEN", True),
         ("WANDB_PROJECT", False),
         ("TOKENIZERS_PARALLELISM", False),
         ("HIP_VISIBLE_DEVICES", False),
+        ("RAY_AUTH_TOKEN_PATH", False),
+        ("AWS_ACCESS_KEY_ID", False),
+        ("PWD", False),
+        ("PASSAGE_COUNT", False),
     ],
 )
 def test_secret_names(name, secret):
@@ -164,6 +202,14 @@ def test_secret_names(name, secret):
 def test_scrub_removes_secret_values_anywhere_in_text():
     env = {"WANDB_API_KEY": "abcd1234", "HOME": "/root", "HF_TOKEN": "xy"}
     assert scrub("--x abcd1234 /root xy", env) == f"--x {REDACTED} /root xy"
+    env = {"AWS_SECRET_ACCESS_KEY": "s3cr3t-long", "DB_PASS": "s3cr3t"}
+    assert scrub("a=s3cr3t-long b=s3cr3t", env) == f"a={REDACTED} b={REDACTED}"
+    nested = {"argv": ("--k", "s3cr3t"), "env": [{"X": "s3cr3t!"}], "n": 1}
+    assert scrub_data(nested, env) == {
+        "argv": ("--k", REDACTED),
+        "env": [{"X": f"{REDACTED}!"}],
+        "n": 1,
+    }
 
 
 def test_train_py_argv_finds_the_trainer_in_jobs_and_shells():
@@ -171,4 +217,4 @@ def test_train_py_argv_finds_the_trainer_in_jobs_and_shells():
     assert train_py_argv(job) == ("--lr", "1")
     assert train_py_argv(Shell(("python", "train.py"))) == ()
     assert train_py_argv(Shell(("python3", "-m", "trainer.tiny"))) is None
-    assert train_py_argv(RayStop()) is None
+    assert train_py_argv(RayStop(TAG, "/c")) is None

@@ -1,50 +1,72 @@
-"""The CPU launcher's full-train, live: Ray started, the real GRPO LoRA job submitted, stopped.
+"""The CPU launcher's full-train, live and unaided: Ray started under a run tag, the real GRPO
+LoRA job submitted, that Ray stopped again, and nothing else on the node touched.
 
-The launcher runs through its real CLI with a step runner that keeps it on this test's own Ray
-(tests/private_ray.py), which is stopped also when the test fails.
+A foreign Ray (tests/private_ray.py) and an unrelated process named ``python3 train.py`` run
+beside it, as other users' would on a shared node; both must survive the run.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from harness.live import execute_plan
+from harness import ownership
+from harness.host import CHECKOUT
+from harness.run_tag import RunTag
+from tests.private_ray import free_port
 from trainer.metrics import METRICS_FILE, read_metrics
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(400)]
 
+LAUNCHER_FILE = f"{CHECKOUT}/launchers/cpu/run_tiny_qwen3_lora.py"
 
-def test_cpu_launcher_full_train_runs_live_and_the_reward_rises(private_ray, tmp_path, capsys):
+
+@pytest.fixture
+def unrelated_trainer():
+    """Someone else's ``python3 train.py``: what the old ``pkill -f`` cleanup killed."""
+    process = subprocess.Popen(["bash", "-c", 'exec -a "python3 train.py --unrelated" sleep 600'])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_cpu_launcher_full_train_runs_live_and_the_reward_rises(
+    private_ray, unrelated_trainer, tmp_path, capsys
+):
+    from ray.job_submission import JobSubmissionClient
+
     from harness.cli import run
     from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER
 
+    private_ray.start_head()
+    foreign = {p.pid for p in private_ray.processes()}
+    assert foreign
     argv = [
         "full-train", "--run-id", "e2e", "--model-dir", str(tmp_path / "models"),
         "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
-        "--ray-port", str(private_ray.ray_port),
-        "--dashboard-port", str(private_ray.dashboard_port),
+        "--ray-port", str(free_port()), "--dashboard-port", str(free_port()),
+        "--agent-port", str(free_port()),
     ]  # fmt: skip
     started = time.perf_counter()
-    status = run(LAUNCHER, argv, live=lambda plan: execute_plan(plan, run=private_ray.run))
+    status = run(LAUNCHER, argv)
     elapsed = time.perf_counter() - started
-    out = capsys.readouterr().out
-    assert status == 0, out[-4000:]
+    out, err = capsys.readouterr()
+    assert status == 0, out[-3000:] + err[-3000:]
 
-    assert private_ray.ran == [
-        "shell",
-        "process_cleanup",
-        "ray_start",
-        "ray_job_submit",
-        "ray_stop",
-    ]
-    assert private_ray.seen_processes > 0  # Ray really started
-    [(entrypoint, job_status)] = private_ray.jobs
-    assert entrypoint.startswith("python3 train.py --hf-checkpoint") and job_status == "SUCCEEDED"
-    assert private_ray.processes() == []  # and stopped again
+    assert unrelated_trainer.poll() is None, "an unrelated python3 train.py was killed"
+    assert foreign <= {p.pid for p in private_ray.processes()}, "the foreign Ray was touched"
+    foreign_jobs = JobSubmissionClient(f"http://127.0.0.1:{private_ray.dashboard_port}")
+    assert foreign_jobs.list_jobs() == [], "the job went to the foreign Ray"
+    tag = RunTag(LAUNCHER_FILE, "cpu", "e2e")
+    assert ownership.of_run(tag, ownership.processes()) == [], "this run's Ray was not stopped"
+    (submitted,) = [line for line in err.splitlines() if line.startswith("==> step 4/5: ")]
+    assert "RAY_AUTH_MODE=token" in submitted and "ray job submit" in submitted
 
     run_dir = tmp_path / "outputs" / "e2e"
     records = read_metrics(run_dir / METRICS_FILE)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import os
 import re
 import sys
@@ -574,6 +575,10 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _problems(args: argparse.Namespace) -> Iterator[str]:
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            yield f"--{name.replace('_', '-')} must be a finite number (got {value})"
+
     def positive(*names: str) -> Iterator[str]:
         for name in names:
             value = getattr(args, name)

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from harness import LaunchContext, Launcher, arg
+from harness import LaunchContext, Launcher, arg, multi_node_recordings
+from harness.cli import main
 from launchers.recipes import qwen3_4b_lora as recipe
 
 # ROCm has none of SGLang's CUDA-only backends: Triton for attention and for LoRA.
@@ -44,7 +45,22 @@ def full_train(ctx: LaunchContext, args: Args) -> None:
     train(ctx, args)
 
 
-LAUNCHER = Launcher(args=Args, entrypoints=(prepare, train, full_train), recorded_hardware="MI355X")
+def worker(ctx: LaunchContext, args: Args) -> None:
+    """Join this node to the cluster of the head (--head-address) running `train --num-nodes`."""
+    recipe.worker(ctx, args)
+
+
+def sbatch(ctx: LaunchContext, args: Args) -> None:
+    """Write the Slurm batch script of a --num-nodes run (submit it with sbatch)."""
+    recipe.sbatch(ctx, args)
+
+
+LAUNCHER = Launcher(
+    args=Args,
+    entrypoints=(prepare, train, full_train, worker, sbatch),
+    recorded_hardware="MI355X",
+    recordings=multi_node_recordings(),
+)
 
 if __name__ == "__main__":
-    LAUNCHER.main()
+    main(LAUNCHER)

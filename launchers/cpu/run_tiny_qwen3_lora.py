@@ -21,8 +21,12 @@ from harness import (
     arg,
     execute_train,
     flags,
+    join_cluster,
+    multi_node_recordings,
     wandb_flags,
+    write_batch_script,
 )
+from harness.cli import main
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,23 @@ def full_train(ctx: LaunchContext, args: Args) -> None:
     train(ctx, args)
 
 
-LAUNCHER = Launcher(args=Args, entrypoints=(prepare, train, full_train), recorded_hardware="CPU")
+def worker(ctx: LaunchContext, args: Args) -> None:
+    """Join this node to the cluster of the head (--head-address) running `train --num-nodes`."""
+    hardware = ctx.resolve_hardware(args.hardware)
+    join_cluster(ctx, args, hardware=hardware, num_gpus_per_node=0, num_cpus=args.ray_num_cpus)
+
+
+def sbatch(ctx: LaunchContext, args: Args) -> None:
+    """Write the Slurm batch script of a --num-nodes run (submit it with sbatch)."""
+    write_batch_script(ctx, args, gpus_per_node=0)
+
+
+LAUNCHER = Launcher(
+    args=Args,
+    entrypoints=(prepare, train, full_train, worker, sbatch),
+    recorded_hardware="CPU",
+    recordings=multi_node_recordings(),
+)
 
 if __name__ == "__main__":
-    LAUNCHER.main()
+    main(LAUNCHER)

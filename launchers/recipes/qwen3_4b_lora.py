@@ -9,11 +9,23 @@ supports and records (its `Args.hardware`), SGLang's attention and LoRA backends
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from harness import HubDownload, LaunchContext, LauncherArgs, arg, execute_train, flags, wandb_flags
+from harness import (
+    HubDownload,
+    LaunchContext,
+    LauncherArgs,
+    LaunchError,
+    arg,
+    execute_train,
+    flags,
+    join_cluster,
+    wandb_flags,
+    write_batch_script,
+)
 
-MODEL_REPO = "Qwen/Qwen3-4B"
+MODEL_ORG = "Qwen"
 TRAIN_DATA_REPO = "zhuzilin/dapo-math-17k"
 EVAL_DATA_REPO = "zhuzilin/aime-2024"
 
@@ -30,7 +42,9 @@ class SGLangBackends:
 class Args(LauncherArgs):
     """The recipe's options; a launcher narrows `hardware` and names its wandb project."""
 
-    model_name: str = arg("Qwen3-4B", "model directory under --model-dir")
+    model_name: str = arg(
+        "Qwen3-4B", f"model: downloads the Hub repo {MODEL_ORG}/<name> into <model-dir>/<name>"
+    )
     save_interval: int = arg(50, "save a checkpoint every N rollouts")
 
     # LoRA: the Qwen3-4B Megatron LoRA recipe validated on CUDA.
@@ -54,9 +68,14 @@ class Args(LauncherArgs):
 
     enable_eval: bool = arg(True, "evaluate AIME-2024 (avg@16) every 20 rollouts")
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.model_name):
+            raise LaunchError(f"--model-name must be a Hub model name ({self.model_name!r})")
+
 
 def prepare(ctx: LaunchContext, args: Args) -> None:
-    ctx.emit(HubDownload(MODEL_REPO, f"{args.model_dir}/{args.model_name}"))
+    ctx.emit(HubDownload(f"{MODEL_ORG}/{args.model_name}", f"{args.model_dir}/{args.model_name}"))
     ctx.emit(HubDownload(TRAIN_DATA_REPO, f"{args.data_dir}/dapo-math-17k", "dataset"))
     if args.enable_eval:
         ctx.emit(HubDownload(EVAL_DATA_REPO, f"{args.data_dir}/aime-2024", "dataset"))
@@ -159,3 +178,14 @@ def train(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> None:
         # Megatron overlaps communication with compute only on a single hardware queue.
         job_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
     )
+
+
+def worker(ctx: LaunchContext, args: Args) -> None:
+    hardware = ctx.resolve_hardware(args.hardware)
+    gpus = ctx.gpus_per_node(hardware, args.num_gpus_per_node)
+    join_cluster(ctx, args, hardware=hardware, num_gpus_per_node=gpus)
+
+
+def sbatch(ctx: LaunchContext, args: Args) -> None:
+    hardware = ctx.resolve_hardware(args.hardware)
+    write_batch_script(ctx, args, gpus_per_node=ctx.gpus_per_node(hardware, args.num_gpus_per_node))

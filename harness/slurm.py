@@ -1,0 +1,67 @@
+"""A Slurm batch script for a multi-node run: the head trains, every other node is a worker.
+
+The script runs on the allocation's first node: it starts ``worker`` on the other nodes with
+``srun``, then ``train`` on itself. Inside the allocation both read the node count and the head
+from Slurm (``SLURM_JOB_NUM_NODES``, ``SLURM_JOB_NODELIST``); the launcher options given to
+``sbatch`` are passed on, so head and workers agree on the run id, ports and paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Any
+
+from harness.context import LaunchContext
+from harness.launcher import LauncherArgs, flag
+from harness.steps import WriteFile
+
+# Resolved per node from the allocation, never fixed in the script.
+_FROM_ALLOCATION = ("num_nodes", "head_address")
+
+
+def option_argv(args: LauncherArgs) -> list[str]:
+    """The options that reproduce `args` (paths and run id always; others when not default)."""
+    argv: list[str] = []
+    for field in dataclasses.fields(args):
+        value: Any = getattr(args, field.name)
+        always = field.metadata.get("path") or field.name == "run_id"
+        if field.name in _FROM_ALLOCATION or (value == field.default and not always):
+            continue
+        if isinstance(value, bool):
+            argv.append(flag(field.name) if value else f"--no-{flag(field.name)[2:]}")
+        elif value is not None:
+            argv += [flag(field.name), str(value)]
+    return argv
+
+
+def batch_script(ctx: LaunchContext, args: LauncherArgs, *, gpus_per_node: int) -> str:
+    module = ctx.launcher.module
+    options = shlex.join(option_argv(args))
+    run_dir = f"{args.output_dir}/{args.run_id}"
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={args.run_id}",
+        f"#SBATCH --nodes={args.num_nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        *([f"#SBATCH --gpus-per-node={gpus_per_node}"] if gpus_per_node else []),
+        "#SBATCH --exclusive",
+        f"#SBATCH --output={run_dir}/slurm-%j.out",
+        "set -euo pipefail",
+        f"cd {shlex.quote(ctx.host.checkout)}",
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'if [ "$SLURM_JOB_NUM_NODES" -gt 1 ]; then',
+        '  srun --nodes=$((SLURM_JOB_NUM_NODES - 1)) --ntasks-per-node=1 --exclude="$head" \\',
+        f"    python3 -m {module} worker {options} &",
+        "fi",
+        f"python3 -m {module} train {options}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_batch_script(ctx: LaunchContext, args: LauncherArgs, *, gpus_per_node: int) -> None:
+    """Emit the writing of ``<output-dir>/<run-id>/sbatch.sh`` (submit it with ``sbatch``)."""
+    path = f"{args.output_dir}/{args.run_id}/sbatch.sh"
+    ctx.emit(WriteFile(path, batch_script(ctx, args, gpus_per_node=gpus_per_node), 0o755))
+    if not ctx.dry_run:
+        ctx.note(f"submit it with: sbatch {path}")
