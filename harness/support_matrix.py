@@ -34,19 +34,26 @@ EVIDENCE: Mapping[str, str] = {
     "launchers.amd.run_qwen3_4b_lora": (
         "upstream run of this recipe (seed PR #3183): 100 steps on 8x MI355X, ROCm 7.2, "
         "rollout/train log-prob abs diff 0.0123 (threshold 0.03), AIME-2024 avg@16 "
-        "0.5625 -> 0.6833 at best (30 problems: weak); here: snapshots, argv contract; the "
-        "`rocm_gpu` live tests exist but have not run on MI355X yet"
+        "0.5625 -> 0.6833 at best (30 problems: weak); here: snapshots, argv contract; its "
+        "SGLang backends (Triton attention and LoRA) ran on 1x H200 in the CUDA launcher's "
+        "shortened job (next row); the `rocm_gpu` live tests have not run on MI355X yet"
     ),
     "launchers.run_qwen3_4b_lora": (
-        "snapshots and argv contract only: the AMD recipe with CUDA's SGLang backends, not yet "
-        "run on NVIDIA GPUs"
+        "snapshots, argv contract; its live `train`, shortened to 1x H200 (0.6B Qwen3-shaped "
+        "model, SGLang 0.5.17 with Triton attention and LoRA, PyTorch + PEFT in place of "
+        "Megatron-Bridge, colocated): 12 rollouts, rollout/train log-prob abs diff 0.0073 "
+        "mean, the engine's log-probs match the trainer's after every update (max 0.0197), "
+        "6.3 s/step (`cuda_gpu` test, 2026-12-03); FlashInfer/csgmv and Megatron-Bridge not "
+        "yet run"
     ),
     "launchers.cpu.run_tiny_qwen3_lora": (
         "snapshots, argv contract; the default test suite runs the job live on 2 CPU cores "
-        "(reward first-5 0.116 -> last-5 0.491, seed 0); the same recipe on 1x H200 in bf16 "
-        "(`cuda_gpu` test): 0.128 -> 0.562, 0.36 s/step"
+        "(the README's command: reward first-5 0.084 -> last-5 0.253, 2026-12-03); the same "
+        "recipe on 1x H200 in bf16 (`cuda_gpu` test, before issue 12's miles defaults): "
+        "0.128 -> 0.562, 0.36 s/step"
     ),
 }
+
 
 _PLATFORMS = {"amd": "ROCm", "nvidia": "CUDA"}
 _TRAIN_BACKENDS = {"megatron": "Megatron-Bridge", "torch": "PyTorch + PEFT"}
