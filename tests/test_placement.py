@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from trainer.arguments import parse_args
@@ -11,6 +17,7 @@ from trainer.placement import (
     local_gpu_index,
     plan_layout,
     resolve_device,
+    runtime_env,
 )
 
 
@@ -65,3 +72,42 @@ def test_a_cluster_too_small_is_a_clear_error():
 )
 def test_local_gpu_index(gpu_id, environ, index):
     assert local_gpu_index(gpu_id, environ) == index
+
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = """
+import os, sys
+import ray
+from trainer.placement import runtime_env
+
+ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+
+
+@ray.remote
+def probe():
+    return os.environ.get("GRPO_WRAPPED", "-")
+
+
+wrapped = ray.get(probe.options(**runtime_env(sys.argv[1])).remote())
+print("RESULT", wrapped, ray.get(probe.remote()))
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_an_actor_runs_under_the_interpreter_its_flag_names(tmp_path):
+    """--rollout-python / --train-python: Ray starts those workers with another interpreter."""
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nGRPO_WRAPPED=1 exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket path limit
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(wrapper)],
+        cwd=ROOT,
+        env={**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert "RESULT 1 -" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert runtime_env(None) == {}
