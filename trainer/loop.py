@@ -352,6 +352,7 @@ class GRPOLoop:
         kept: list[tuple[list[Generation], torch.Tensor]] = []
         rejected: list[tuple[list[Generation], torch.Tensor]] = []
         rounds = prompts = 0
+        checked: dict[str, float] = {}  # --check-adapter-sync, on the first round
         while len(kept) < target:
             if self.sampling_filter is not None and prompts >= max(len(self.source), target):
                 kept.extend(rejected[: target - len(kept)])

@@ -210,10 +210,8 @@ def declared_fields(cls: type) -> dict[str, FieldType]:
         hints = {}
     if all(name in hints for name in names):
         return {name: runtime_type(hints[name]) for name in names}
-    module = sys.modules.get(cls.__module__)
-    aliases = _ANNOTATED | {
-        name for name, value in vars(module or types).items() if value is typing.Annotated
-    }
+    module = vars(sys.modules[cls.__module__]) if cls.__module__ in sys.modules else {}
+    aliases = _ANNOTATED | {name for name, value in module.items() if value is typing.Annotated}
     raw: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
         raw.update(getattr(klass, "__annotations__", {}))
