@@ -460,3 +460,21 @@ def test_each_option_trains_the_tiny_recipe(tiny_dirs, tmp_path, name):
             assert torch.isfinite(torch.tensor(record[key])), (key, record[key])
         if record.get("rollout/dynamic_sampling_rounds", 32) < 32:  # kept groups all vary
             assert record["rollout/zero_std_group_ratio"] == 0.0
+
+
+def test_call_seeds_stay_distinct_over_rollouts_rounds_and_purposes():
+    """Dynamic sampling's round 8 once reused round 0's seeds (a shifted term overflowed)."""
+    from trainer.backends.base import SamplingParams
+    from trainer.loop import call_seed
+
+    calls = [
+        (purpose, rollout, attempt)
+        for purpose in ("rollout", "eval")
+        for rollout in range(50)
+        for attempt in range(16)
+    ]
+    seeds = {call_seed(1234, *call) for call in calls}
+    assert len(seeds) == len(calls)
+    requests = {SamplingParams(1, seed=s).request_seed(i) for s in seeds for i in range(64)}
+    assert len(requests) == len(calls) * 64
+    assert call_seed(1234, "rollout", 3, 0) == call_seed(1234, "rollout", 3, 0)  # resumable

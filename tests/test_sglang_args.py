@@ -6,7 +6,6 @@ import dataclasses
 import importlib.util
 import sys
 import types
-import typing
 from typing import Literal, Optional
 
 import pytest
@@ -296,12 +295,11 @@ def test_annotated_fields_under_postponed_annotations_are_read(tmp_path, monkeyp
 
 def test_msgspec_struct_fields_are_read(tmp_path, monkeypatch) -> None:
     """SGLang 0.5.23: a msgspec Struct (``dataclasses.fields`` raises on it), whose annotations
-    name a type imported only for type checking (read as text, ``A`` known as Annotated)."""
+    name a type imported only for type checking (read as text; ``A`` is SGLang's Annotated)."""
     pytest.importorskip("msgspec")
     _module(tmp_path, monkeypatch, "sgl_struct_fields", STRUCT_FIELDS)
     source = STRUCT_SERVER_ARGS.format(fields="sgl_struct_fields")
     module = _module(tmp_path, monkeypatch, "sgl_struct_args", source)
-    module.A = typing.Annotated  # server_args.py re-exports A from its fields' module
     fields = sglang_args.declared_fields(module.ServerArgs)
     assert fields["enable_lora"] == FieldType("bool", nullable=True)
     assert fields["max_lora_rank"] == FieldType("int", nullable=True)

@@ -90,6 +90,16 @@ def test_a_second_wheelhouse_keeps_the_first_ones_scripts(tmp_path, capsys):
     assert (site / "raylike" / "__init__.py").is_file() and (site / "engine").is_dir()
 
 
+def test_an_upgrade_into_a_target_leaves_one_version(tmp_path):
+    site = tmp_path / "site"
+    for version in ("1.0", "2.0"):
+        wheel = make_wheel(tmp_path / f"w{version}", "pkgx", version)
+        write_batches([wheel], tmp_path / f"wh{version}", batch_mib=1)
+        folders = batch_folders(tmp_path / f"wh{version}")
+        assert main(["install", *map(str, folders), "--target", str(site)]) == 0
+    assert sorted(p.name for p in site.glob("*.dist-info")) == ["pkgx-2.0.dist-info"]
+
+
 def one_line_error(capsys, argv: list[str]) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err

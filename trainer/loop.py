@@ -17,6 +17,7 @@ length-bucketed, so they carry little padding.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -352,31 +353,29 @@ class GRPOLoop:
         kept: list[tuple[list[Generation], torch.Tensor]] = []
         rejected: list[tuple[list[Generation], torch.Tensor]] = []
         rounds = prompts = 0
-        checked: dict[str, float] = {}  # --check-adapter-sync, on the first round
-        while len(kept) < target:
-            if self.sampling_filter is not None and prompts >= max(len(self.source), target):
-                kept.extend(rejected[: target - len(kept)])
-                break
-            size = args.over_sampling_batch_size if self.sampling_filter else target
-            samples = self.source.next_batch(size)
-            with self.colocation.rollout():
-                self.publish(timer)
-                if rounds == 0:
-                    checked = self.check_adapter_sync()
+        with self.colocation.rollout():  # one phase for every round: the GPUs swap once
+            self.publish(timer)
+            checked = self.check_adapter_sync()
+            while len(kept) < target:
+                if self.sampling_filter is not None and prompts >= max(len(self.source), target):
+                    kept.extend(rejected[: target - len(kept)])
+                    break
+                size = args.over_sampling_batch_size if self.sampling_filter else target
+                samples = self.source.next_batch(size)
                 with timer("rollout"):
                     generations = self.generate(
                         samples, rollout_id, evaluation=False, attempt=rounds
                     )
-            with timer("reward"):
-                rewards = self.rewards(samples, generations, n)
-            for i, sample in enumerate(samples):
-                group = (generations[i * n : (i + 1) * n], rewards[i * n : (i + 1) * n])
-                keep = self.sampling_filter is None or keeps(
-                    self.sampling_filter(args, self.graded(sample, *group))
-                )
-                (kept if keep else rejected).append(group)
-            rounds += 1
-            prompts += size
+                with timer("reward"):
+                    rewards = self.rewards(samples, generations, n)
+                for i, sample in enumerate(samples):
+                    group = (generations[i * n : (i + 1) * n], rewards[i * n : (i + 1) * n])
+                    keep = self.sampling_filter is None or keeps(
+                        self.sampling_filter(args, self.graded(sample, *group))
+                    )
+                    (kept if keep else rejected).append(group)
+                rounds += 1
+                prompts += size
         kept = kept[:target]
         generations = [g for group, _ in kept for g in group]
         rewards = torch.cat([r for _, r in kept])
@@ -455,16 +454,16 @@ class GRPOLoop:
         args = self.args
         if evaluation:
             n, length = args.n_samples_per_eval_prompt, args.eval_max_response_len
-            temperature, top_p, salt = args.eval_temperature, args.eval_top_p, 2**19
+            temperature, top_p, salt = args.eval_temperature, args.eval_top_p, "eval"
         else:
             n, length = args.n_samples_per_prompt, args.rollout_max_response_len
-            temperature, top_p, salt = args.rollout_temperature, args.rollout_top_p, 0
+            temperature, top_p, salt = args.rollout_temperature, args.rollout_top_p, "rollout"
         params = SamplingParams(
             max_new_tokens=length,
             temperature=temperature,
             top_p=top_p,
             top_k=args.rollout_top_k,
-            seed=args.seed * 2**20 + salt + rollout_id + (attempt << 44),
+            seed=call_seed(args.seed, salt, rollout_id, attempt),
             stop_token_ids=tuple(args.rollout_stop_token_ids or ()),
             stop=tuple(args.rollout_stop or ()),
         )
@@ -579,6 +578,14 @@ def _user_function(path: str | None) -> Callable[..., Any] | None:
         return load_function(path)
     except ValueError as err:
         raise UsageError(str(err)) from None
+
+
+def call_seed(seed: int, purpose: str, rollout_id: int, attempt: int) -> int:
+    """The seed of one generate call, a 40-bit hash of what it is for: distinct calls get
+    unrelated seeds (room for `SamplingParams.request_seed`'s request index), and a resumed run
+    gets the seeds the uninterrupted run had."""
+    key = f"{seed}/{purpose}/{rollout_id}/{attempt}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:5], "big")
 
 
 def average_results(results: Sequence[StepResult]) -> dict[str, float]:

@@ -298,9 +298,20 @@ def equal(given: str, truth: str) -> bool:
 # --------------------------------------------------------------------------- rewards
 
 
-def _truths(label: Any) -> list[str]:
-    labels = label if isinstance(label, (list, tuple)) else [label]
-    return [str(item) for item in labels]
+def _labels(label: Any) -> list[Any]:
+    return list(label) if isinstance(label, (list, tuple)) else [label]
+
+
+def _matches(answer: str, labels: list[Any]) -> bool:
+    """Whether `answer` equals one of the labels; a boxed label counts by its last boxed
+    content; an empty label (None or "") matches nothing."""
+    for item in labels:
+        truth = None if item is None else str(item)
+        if truth and "\\boxed" in truth:
+            truth = last_boxed(truth)
+        if truth and equal(answer, truth):
+            return True
+    return False
 
 
 def deepscaler_reward(response: str, label: Any) -> float:
@@ -312,32 +323,12 @@ def deepscaler_reward(response: str, label: Any) -> float:
     else:
         return 0.0
     answer = last_boxed(solution)
-    if answer is None:
-        return 0.0
-    for truth in _truths(label):
-        if truth == "":
-            continue
-        if "\\boxed" in truth:
-            truth = last_boxed(truth)
-            if truth is None:
-                continue
-        if equal(answer, truth):
-            return 1.0
-    return 0.0
+    return float(answer is not None and _matches(answer, _labels(label)))
 
 
 def math_reward(response: str, label: Any) -> float:
     """miles' ``math``: the last boxed answer anywhere in the response; an empty label is 0."""
     answer = last_boxed(response)
-    if answer is None:
-        return 0.0
-    labels = label if isinstance(label, (list, tuple)) else [label]
-    for item in labels:
-        if not item:
-            continue
-        truth: str | None = str(item)
-        if "\\boxed" in truth:
-            truth = last_boxed(truth)
-        if truth is not None and equal(answer, truth):
-            return 1.0
-    return 0.0
+    # miles' math skips every falsy label, a numeric 0 included (graded as no label)
+    labels = [item for item in _labels(label) if item]
+    return float(answer is not None and _matches(answer, labels))

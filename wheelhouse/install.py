@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from wheelhouse.batches import MANIFEST, MANIFEST_FORMAT, WheelhouseError, sha256
+from wheelhouse.names import normalize
 
 
 def read_manifest(folders: list[Path]) -> dict:
@@ -116,10 +117,16 @@ def pip_install(wheels: list[Path], target: Path | None, staging: Path) -> None:
 
 
 def merge_into(staging: Path, target: Path) -> None:
-    """Move what pip installed in `staging` into `target`: packages replace their older copies,
-    shared folders (`SHARED_FOLDERS`) gain or replace single files."""
+    """Move what pip installed in `staging` into `target`: packages replace their older copies
+    (metadata of another version included), shared folders (`SHARED_FOLDERS`) gain or replace
+    single files."""
     target.mkdir(parents=True, exist_ok=True)
     for entry in staging.iterdir():
+        if entry.name.endswith(".dist-info"):  # an upgrade: the old version's metadata goes
+            project = normalize(entry.name.split("-")[0])
+            for old in target.glob("*.dist-info"):
+                if normalize(old.name.split("-")[0]) == project:
+                    shutil.rmtree(old)
         dest = target / entry.name
         if entry.name in SHARED_FOLDERS and entry.is_dir() and dest.is_dir():
             for item in entry.rglob("*"):

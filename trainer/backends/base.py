@@ -42,7 +42,10 @@ class SamplingParams:
     def request_seed(self, index: int) -> int | None:
         if self.seed is None:
             return None
-        return (self.seed * SEED_STRIDE + self.first_request + index) % 2**63
+        request = self.first_request + index
+        if request >= SEED_STRIDE:
+            raise ValueError(f"request {request}: one generate call takes {SEED_STRIDE} at most")
+        return (self.seed * SEED_STRIDE + request) % 2**63
 
 
 @dataclass(frozen=True)

@@ -80,14 +80,15 @@ class FieldType:
 _SCALARS = {"bool", "int", "float", "str"}
 _LISTS = {"List", "list", "Set", "set", "Tuple", "tuple", "Sequence", "FrozenSet", "frozenset"}
 _MAPS = {"Dict", "dict", "Mapping", "Any"}
-_ANNOTATED = frozenset({"Annotated"})
+# Names of typing.Annotated in SGLang's sources (0.5.17 and later import it as ``A``).
+ANNOTATED = frozenset({"Annotated", "A"})
 
 
-def parse_annotation(text: str, annotated: frozenset[str] = _ANNOTATED) -> FieldType:
+def parse_annotation(text: str, annotated: frozenset[str] = ANNOTATED) -> FieldType:
     """Read a ServerArgs annotation such as ``Optional[List[int]]`` or ``Literal['a', 'b']``.
 
-    `annotated` names ``typing.Annotated`` in the declaring module (SGLang 0.5.17 imports it as
-    ``A``): ``A[Optional[int], "help", NS("x")]`` reads as ``Optional[int]``.
+    `annotated` names ``typing.Annotated`` in the declaring module: ``A[Optional[int], "help",
+    NS("x")]`` reads as ``Optional[int]``.
     """
     return _field_type(ast.parse(text, mode="eval").body, annotated)
 
@@ -211,7 +212,7 @@ def declared_fields(cls: type) -> dict[str, FieldType]:
     if all(name in hints for name in names):
         return {name: runtime_type(hints[name]) for name in names}
     module = vars(sys.modules[cls.__module__]) if cls.__module__ in sys.modules else {}
-    aliases = _ANNOTATED | {name for name, value in module.items() if value is typing.Annotated}
+    aliases = ANNOTATED | {name for name, value in module.items() if value is typing.Annotated}
     raw: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
         raw.update(getattr(klass, "__annotations__", {}))

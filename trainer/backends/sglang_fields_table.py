@@ -21,9 +21,10 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from trainer.backends.sglang_args import ANNOTATED
+
 SERVER_ARGS = "sglang/srt/server_args.py"
 TABLE = Path(__file__).with_name("sglang_server_fields.py")
-ANNOTATED = frozenset({"Annotated", "A"})
 
 
 class TableError(ValueError):
