@@ -401,9 +401,9 @@ def test_validate_only_prints_the_config_and_imports_nothing_heavy(tmp_path):
     assert json.loads(config_text)["hf_checkpoint"] == "m"
 
 
-def length_reward(args, sample) -> dict:
-    """A miles-style custom reward for the options test: (args, sample) -> dict."""
-    return {"score": float(len(sample.response.split()) == 1)}
+def constant_reward(args, sample) -> dict:
+    """A miles-style custom reward for the options test: (args, sample) -> dict, read by key."""
+    return {"score": 0.25, "other": 9.0}
 
 
 MILES_FILTER = "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
@@ -428,7 +428,7 @@ OPTIONS = {
         {"rollout/overlong_penalty_mean"},
     ),
     "custom reward": (
-        ["--custom-rm-path", "tests.test_loop.length_reward", "--reward-key", "score"],
+        ["--custom-rm-path", "tests.test_loop.constant_reward", "--reward-key", "score"],
         set(),
     ),
     "chat kwargs and miles no-ops": (
@@ -460,6 +460,8 @@ def test_each_option_trains_the_tiny_recipe(tiny_dirs, tmp_path, name):
             assert torch.isfinite(torch.tensor(record[key])), (key, record[key])
         if record.get("rollout/dynamic_sampling_rounds", 32) < 32:  # kept groups all vary
             assert record["rollout/zero_std_group_ratio"] == 0.0
+        if name == "custom reward":  # the function's "score", not the tiny task's reward
+            assert record["rollout/reward_mean"] == 0.25
 
 
 def test_call_seeds_stay_distinct_over_rollouts_rounds_and_purposes():

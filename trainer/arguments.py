@@ -151,14 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--rollout-stop",
         nargs="+",
         metavar="TEXT",
-        help="stop strings: a response ends with the first one it produces (hf rollout backend)",
+        help="stop strings: a response ends with the first one it produces",
     )
     g.add_argument(
         "--rollout-stop-token-ids",
         type=int,
         nargs="+",
         metavar="ID",
-        help="token ids that end a response, besides EOS (hf rollout backend)",
+        help="token ids that end a response, besides EOS",
     )
     g.add_argument("--num-rollout", type=int, help="rollout (= optimizer update) count")
     g.add_argument("--rollout-batch-size", type=int, default=4, help="prompts per rollout")
@@ -177,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--use-dynamic-global-batch-size",
         action="store_true",
-        help="train each rollout's samples in one optimizer step (needs --use-dynamic-batch-size)",
+        help="miles' flag, accepted as a check: the rollout's samples must already make one "
+        "optimizer step (--global-batch-size); needs --use-dynamic-batch-size",
     )
     g.add_argument("--micro-batch-size", type=int, default=1)
     g.add_argument("--balance-data", action="store_true")
@@ -665,6 +666,11 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
         yield (
             "--kl-coef shapes rewards only for ppo/reinforce++ in miles and has no effect with "
             f"--advantage-estimator {args.advantage_estimator}: use --use-kl-loss --kl-loss-coef"
+        )
+    if args.dynamic_sampling_filter_path and args.n_samples_per_prompt < 2:
+        yield (
+            "--dynamic-sampling-filter-path judges groups of samples: it needs "
+            f"--n-samples-per-prompt >= 2 (got {args.n_samples_per_prompt})"
         )
     for name in ("custom_rm_path", "dynamic_sampling_filter_path"):
         value = getattr(args, name)

@@ -1,10 +1,11 @@
 """The GRPO loop, independent of Ray and of the backends.
 
 Each rollout: sample prompts -> generate `n` responses each -> rewards -> group advantages ->
-log-probabilities of the policy (old) and of the reference (adapter disabled) -> optimizer steps
-over ``--global-batch-size`` samples, split over the data-parallel ranks and into micro-batches
--> export the adapter, which reaches the rollout engines in memory before they generate again
--> eval every ``--eval-interval`` -> checkpoint every ``--save-interval`` and at the end.
+log-probabilities of the policy (old) and, with ``--use-kl-loss``, of the reference (adapter
+disabled) -> optimizer steps over ``--global-batch-size`` samples, split over the data-parallel
+ranks and into micro-batches -> export the adapter, which reaches the rollout engines in memory
+before they generate again -> eval every ``--eval-interval`` -> checkpoint every
+``--save-interval`` and at the end.
 
 The loop drives a `TrainerGroup` (data-parallel ranks) and the rollout engines behind one
 `RolloutEngine`; `trainer.placement` provides them as Ray actors. With ``--colocate`` the two
@@ -537,8 +538,9 @@ class GRPOLoop:
         ]
 
     def attach_logprobs(self, steps: list[list[list[TrainBatch]]]) -> float:
-        """Set old (policy) and reference (adapter disabled) log-probabilities on every
-        micro-batch, before any optimizer step; returns mean |old - rollout| per token.
+        """Set old (policy) and, with ``--use-kl-loss``, reference (adapter disabled)
+        log-probabilities on every micro-batch, before any optimizer step; returns mean
+        |old - rollout| per token.
 
         The reference forward costs as much as the policy's and only the KL term reads it: it
         runs with ``--use-kl-loss`` (with ``--kl-loss-coef 0`` for the KL metric alone, as in

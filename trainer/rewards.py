@@ -66,6 +66,10 @@ class RewardSample:
     metadata: dict[str, Any] = field(default_factory=dict)
     reward: Any = None
 
+    def get_reward_value(self, args: Any) -> Any:
+        """miles' ``Sample.get_reward_value``, which miles-written filters call."""
+        return self.reward
+
 
 def load_function(path: str) -> Callable[..., Any]:
     """``module.function`` (as miles' ``load_function``) imported; bad paths raise ValueError."""
