@@ -19,10 +19,9 @@ from typing import Any, NoReturn
 import typer
 
 from harness.context import Plan, build_plan
-from harness.errors import LaunchError
+from harness.errors import LaunchError, Terminated
 from harness.host import HostView, local_host
 from harness.launcher import Launcher, flag
-from harness.live import Terminated, execute_plan
 from harness.record import recording_of
 
 ENV_PREFIX = "GRPO_LAUNCHER_"
@@ -129,8 +128,11 @@ def _entrypoint_command(
         if dry_run:
             sys.stdout.write(recording_of(plan).text)
             return 0
+        runner = live
+        if runner is None:  # live mode's imports (psutil, Ray) only where it runs
+            from harness.live import execute_plan as runner
         try:
-            return (live or execute_plan)(plan)
+            return runner(plan)
         except Terminated:
             raise _Stopped("terminated", 143) from None
         except KeyboardInterrupt:  # typer would swallow it into a silent exit status 130

@@ -1,4 +1,4 @@
-"""The one error type for bad launcher input: reported as one line, exit status 2."""
+"""The error type for bad launcher input (one line, exit status 2), and the stop by SIGTERM."""
 
 from __future__ import annotations
 
@@ -9,3 +9,7 @@ class LaunchError(ValueError):
     The message is one line, written for the user; nothing has run or been recorded when it is
     raised.
     """
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``scancel``, ``kill``): handled like Ctrl-C, exit status 143."""

@@ -27,6 +27,9 @@ Entrypoint = Callable[..., None]
 _ENV_ITEM = re.compile(r",(?=[A-Za-z_][A-Za-z0-9_]*=)")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+# A run id or model name: one path component, safe in a shell word and a file name.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
 
 def arg(default: Any, help: str, *, path: bool = False) -> Any:
     """A launcher field: its default and its ``--help`` text; `path` fields are made absolute
@@ -94,7 +97,7 @@ class LauncherArgs:
         for name in ("ray_port", "dashboard_port", "agent_port"):
             if not 0 < getattr(self, name) < 65536:
                 raise LaunchError(f"{flag(name)} must be a TCP port (got {getattr(self, name)})")
-        if self.run_id is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.run_id):
+        if self.run_id is not None and not SAFE_NAME.fullmatch(self.run_id):
             raise LaunchError(
                 f"--run-id must be letters, digits, '.', '_' or '-' ({self.run_id!r})"
             )

@@ -26,6 +26,7 @@ from typing import Any
 
 from harness import ownership
 from harness.context import Plan
+from harness.errors import Terminated
 from harness.run_tag import RunTag
 from harness.secrets import scrub
 from harness.steps import (
@@ -62,10 +63,6 @@ def live_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
         [bindir, *(p for p in env.get("PATH", "").split(os.pathsep) if p)]
     )
     return env
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``timeout``, ``scancel``, ``kill``): handled like Ctrl-C, exit status 143."""
 
 
 def execute_plan(plan: Plan, run: StepRunner | None = None) -> int:

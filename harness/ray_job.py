@@ -162,7 +162,8 @@ def join_cluster(
     The worker gets the same platform environment as the head (the ROCm rules included), runs
     under its own run tag (its own earlier run on these devices is stopped first) and uses
     the head's token from the run's output dir. ``ray start --block`` keeps it in the cluster
-    until the head's Ray ends; its local Ray is then released.
+    until it is stopped (SIGTERM, or the end of its Slurm job): the live runner then releases
+    the node's Ray, as after any failure.
     """
     if args.head_address is None:
         raise LaunchError("worker needs --head-address (the head node), or a Slurm allocation")
@@ -188,7 +189,6 @@ def join_cluster(
             agent_port=args.agent_port,
         )
     )
-    ctx.emit(RayStop(tag, checkout))
 
 
 def cluster_token_path(args: LauncherArgs) -> str:

@@ -12,9 +12,9 @@ import pytest
 
 from harness.cli import run
 from harness.context import Plan
+from harness.errors import Terminated
 from harness.hardware import match_hardware
 from harness.host import CHECKOUT, RECORD_RUN_ID, HostView, detect_gpus
-from harness.live import Terminated
 from harness.record import record
 from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop
 from launchers.amd.run_qwen3_4b_lora import LAUNCHER as AMD
@@ -232,8 +232,8 @@ HOST_SPECIFIC = re.compile(r"/__|/tmp/grpo-")  # placeholder paths; the run's te
 
 
 def design_values() -> list[str]:
-    """The lines of the AMD train recording that hold no placeholder path: the seed's values
-    (DESIGN.md section 2), derived from the one source the snapshot also checks."""
+    """The lines of the AMD train recording that hold no placeholder path, for checking that a
+    dry run shows every line of the recording (the snapshot, not this, pins the seed's values)."""
     text = record(AMD, "train").text
     return [
         line.strip().removesuffix("\\").strip()

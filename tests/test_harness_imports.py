@@ -29,3 +29,22 @@ def test_harness_has_no_import_cycle():
     assert graph["launcher"] and graph["context"]  # the scan sees imports
     order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError on a cycle
     assert order.index("launcher") < order.index("context") < order.index("cli")
+
+
+def test_launchers_record_without_live_modes_packages():
+    """Recording and dry runs need the base install only: psutil (the `ray` extra) is imported
+    by live mode alone."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['psutil'] = None\n"
+        "from harness.cli import run\n"
+        "from launchers.amd.run_qwen3_4b_lora import LAUNCHER\n"
+        "sys.exit(run(LAUNCHER, ['train', '--dry-run', '--hardware', 'MI355X']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=HARNESS.parent, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "python3 train.py" in done.stdout

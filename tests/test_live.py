@@ -14,9 +14,10 @@ import pytest
 from ray.job_submission import JobStatus
 
 from harness.context import Plan
+from harness.errors import Terminated
 from harness.hardware import get_hardware
 from harness.host import HostView
-from harness.live import StepFailed, Terminated, execute_plan, live_env, run_job, run_step
+from harness.live import StepFailed, execute_plan, live_env, run_job, run_step
 from harness.steps import HubDownload, RayJobSubmit, RayStart, RayStop, Shell, Step
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
 

@@ -13,7 +13,7 @@ from harness.cli import run
 from harness.context import Plan, first_node
 from harness.host import CHECKOUT, HostView
 from harness.run_tag import RunTag
-from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop, WaitForCluster, WaitForHead
+from harness.steps import ClaimRun, RayJobSubmit, RayStart, WaitForCluster, WaitForHead
 from launchers.amd.run_qwen3_4b_lora import LAUNCHER as AMD
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
 from tests.private_ray import free_port
@@ -56,7 +56,7 @@ def test_in_a_slurm_allocation_the_head_waits_for_every_node():
     spy = Spy()
     assert run(AMD, ["worker", "--run-id", "r"], live=spy, host=live_host(**slurm)) == 0
     steps = spy.plans[0].steps
-    assert [type(s) for s in steps] == [ClaimRun, WaitForHead, RayStart, RayStop]
+    assert [type(s) for s in steps] == [ClaimRun, WaitForHead, RayStart]  # --block: SIGTERM ends it
     assert steps[1].address == "mi10:6379" and steps[2].head_address == "mi10:6379"
     assert steps[2].env["RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES"] == "1"  # ROCm rules
 

@@ -9,7 +9,6 @@ supports and records (its `Args.hardware`), SGLang's attention and LoRA backends
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from harness import (
@@ -24,6 +23,7 @@ from harness import (
     wandb_flags,
     write_batch_script,
 )
+from harness.launcher import SAFE_NAME
 
 MODEL_ORG = "Qwen"
 TRAIN_DATA_REPO = "zhuzilin/dapo-math-17k"
@@ -70,7 +70,7 @@ class Args(LauncherArgs):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.model_name):
+        if not SAFE_NAME.fullmatch(self.model_name):
             raise LaunchError(f"--model-name must be a Hub model name ({self.model_name!r})")
 
 
