@@ -49,19 +49,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.tiny import SHAPES
+
 GIB = 2**30
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-FULL_SHAPE = {
-    "vocab_size": 151936,
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 4096,
-    "rope_theta": 1000000.0,
-}
+# Qwen3-0.6B as released: `trainer.tiny`'s body with its 28 layers and 151,936 embeddings.
+FULL_SHAPE = {**SHAPES["qwen3-0.6b"], "num_hidden_layers": 28, "vocab_size": 151936}
 SGLANG_FLAGS = (
     "--sglang-attention-backend triton --sglang-lora-backend triton "
     "--sglang-sampling-backend pytorch --sglang-mem-fraction-static 0.15 "
@@ -681,7 +674,7 @@ INSTALL = {
     "trl": "pip install -e '.[bench]'",
     "datasets": "pip install -e '.[bench]'",
     "psutil": "pip install -e '.[bench]'",
-    "sglang": "SGLang's wheels (docs/performance.md)",
+    "sglang": "SGLang's wheels (docs/offline-nodes.md on a node without internet)",
     "pynvml": "pip install nvidia-ml-py",
     "peft": "pip install -e '.[portable]'",
     "transformers": "pip install -e '.[portable]'",

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.wheel_factory import make_wheel
 from wheelhouse.inventory import expand_platform
 from wheelhouse.names import normalize
+from wheelhouse.sdists import write_stand_in
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "constraints"
@@ -94,7 +94,7 @@ def test_constraints_resolve_for_python_3_12_manylinux(name, tmp_path):
     path = CONSTRAINTS / name
     stand_ins = tmp_path / "stand-ins"
     for dist, version in sdist_pins(path):
-        make_wheel(stand_ins, dist, version, {f"{dist.replace('-', '_')}_stand_in.py": b""})
+        write_stand_in(stand_ins, dist, version)  # what `wheelhouse build --sdist` resolves with
     image_file = tmp_path / "image.txt"
     image_file.write_text("".join(f"{pin}\n" for pin in image))
     report = tmp_path / "report.json"

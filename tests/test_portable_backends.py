@@ -344,13 +344,14 @@ def test_log_probs_chunk_size_chunks_without_changing_the_values(model_dir) -> N
     """miles' --log-probs-chunk-size: tokens per chunk of the log-prob computation."""
     from trainer.arguments import parse_args
     from trainer.backends import registry
+    from trainer.logprobs import DEFAULT_CHUNK_ROWS
 
     argv = ["--hf-checkpoint", model_dir, "--prompt-data", "p.jsonl", "--seed", "0"]
     default = registry.create_trainer(parse_args(argv), "cpu", total_steps=1)
     chunked = registry.create_trainer(
         parse_args([*argv, "--log-probs-chunk-size", "3"]), "cpu", total_steps=1
     )
-    assert (default.logprob_chunk_rows, chunked.logprob_chunk_rows) == (-1, 3)
+    assert (default.logprob_chunk_rows, chunked.logprob_chunk_rows) == (DEFAULT_CHUNK_ROWS, 3)
     ids = torch.tensor([[3, 5, 7, 9, 11, 4, 6, 8], [2, 4, 6, 8, 10, 12, 3, 5]])
     mask = torch.zeros(2, 7)
     mask[:, 2:] = 1.0

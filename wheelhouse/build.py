@@ -80,19 +80,10 @@ def pip_download(target: Target, specs: list[str], into: Path, options: list[str
         raise WheelhouseError("pip could not download the wheels for the node (see above)")
 
 
-def exact_pin(requirement: str) -> tuple[str, str] | None:
-    """(normalised name, version) of an exact pin `name==version`, else None."""
-    req = Requirement(requirement)
-    pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
-    if len(pins) != 1 or "*" in pins[0]:
-        return None
-    return normalize(req.name), pins[0]
-
-
 def plan_no_deps(request: BuildRequest, log: list[str]) -> Plan:
     plan = Plan()
     for text in request.requirements:
-        pin = exact_pin(text)
+        pin = sdists.exact_pin(text)
         if pin and request.target.has(*pin):
             log.append(f"node has {text}")
         elif pin and pin[0] in request.sdists:

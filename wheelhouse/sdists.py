@@ -9,8 +9,6 @@ wheels that declare no dependencies.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import urllib.parse
 import urllib.request
@@ -21,22 +19,31 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from wheelhouse.batches import WheelhouseError, sha256
 from wheelhouse.names import normalize
+from wheelhouse.slim import record_hash
 from wheelhouse.target import same_public_version
 
 PYPI = "https://pypi.org/simple"
 SUFFIXES = (".tar.gz", ".zip")
 
 
+def exact_pin(requirement: str) -> tuple[str, str] | None:
+    """(normalised name, version) of an exact pin `name==version`, else None."""
+    req = Requirement(requirement)
+    pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
+    if len(pins) != 1 or "*" in pins[0]:
+        return None
+    return normalize(req.name), pins[0]
+
+
 def parse_pin(text: str) -> tuple[str, str]:
     """`NAME==VERSION` -> (normalised name, version)."""
     try:
-        req = Requirement(text)
+        pin = exact_pin(text)
     except InvalidRequirement:
-        req = None
-    pins = [s.version for s in req.specifier if s.operator == "=="] if req else []
-    if req is None or len(pins) != 1 or "*" in pins[0]:
+        pin = None
+    if pin is None:
         raise WheelhouseError(f"--sdist {text!r}: expected NAME==VERSION")
-    return normalize(req.name), pins[0]
+    return pin
 
 
 def is_sdist(filename: str, name: str, version: str) -> bool:
@@ -91,11 +98,10 @@ def write_stand_in(folder: Path, name: str, version: str) -> Path:
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: wheelhouse\nRoot-Is-Purelib: true\n"
         "Tag: py3-none-any\n",
     }
-    record = ""
-    for member, text in members.items():
-        digest = hashlib.sha256(text.encode()).digest()
-        encoded = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-        record += f"{member},sha256={encoded},{len(text.encode())}\n"
+    record = "".join(
+        f"{member},{record_hash(text.encode())},{len(text.encode())}\n"
+        for member, text in members.items()
+    )
     record += f"{info}/RECORD,,\n"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{dist}-{version}-py3-none-any.whl"

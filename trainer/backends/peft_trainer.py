@@ -132,10 +132,14 @@ class PeftPolicyTrainer:
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
 
+        from trainer.logprobs import DEFAULT_CHUNK_ROWS
+
         self.device = torch.device(device)
         self.temperature = temperature if temperature > 0 else 1.0
         self.entropy_grad = entropy_grad
-        self.logprob_chunk_rows = logprob_chunk_rows
+        self.logprob_chunk_rows = (
+            DEFAULT_CHUNK_ROWS if logprob_chunk_rows == -1 else logprob_chunk_rows
+        )
         self.optim_settings = optim
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
         torch.manual_seed(seed)
@@ -181,7 +185,7 @@ class PeftPolicyTrainer:
     def _forward(self, batch: TrainBatch, with_entropy: bool) -> ForwardOutput:
         import torch
 
-        from trainer.logprobs import DEFAULT_CHUNK_ROWS, token_logprobs
+        from trainer.logprobs import token_logprobs
 
         input_ids = batch.input_ids.to(self.device)
         attention_mask = batch.attention_mask.to(self.device)
@@ -202,9 +206,7 @@ class PeftPolicyTrainer:
             weight=weight,
             temperature=self.temperature,
             with_entropy=with_entropy,
-            chunk_rows=(
-                DEFAULT_CHUNK_ROWS if self.logprob_chunk_rows == -1 else self.logprob_chunk_rows
-            ),
+            chunk_rows=self.logprob_chunk_rows,
             entropy_grad=self.entropy_grad and torch.is_grad_enabled(),
         )
         return ForwardOutput(
