@@ -165,7 +165,6 @@ class PeftPolicyTrainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, optim.lr_factor)
         self.steps = 0
-        self.skipped_steps = 0  # optimizer steps skipped for non-finite gradients
 
     def forward(
         self, batch: TrainBatch, *, with_adapter: bool, with_entropy: bool = False
@@ -233,7 +232,6 @@ class PeftPolicyTrainer:
         skipped = not math.isfinite(grad_norm)
         if skipped:  # as Megatron: a NaN/inf gradient would corrupt the adapter and Adam state
             self.optimizer.zero_grad(set_to_none=True)
-            self.skipped_steps += 1
         else:
             self.optimizer.step()
             self.scheduler.step()
