@@ -108,9 +108,9 @@ async def async_length_reward(args, sample) -> dict:
 
 def test_custom_reward_functions_use_miles_signature() -> None:
     function = rewards.load_function("tests.test_rewards.async_length_reward")
-    sample = rewards.RewardSample(prompt="p", response="abcd", label="x")
-    value = rewards.call_custom_reward(function, None, sample)
-    assert value == {"score": 0.4, "other": -1.0}
+    samples = [rewards.RewardSample(prompt="p", response=r, label="x") for r in ("abcd", "ab")]
+    value, short = rewards.call_custom_rewards(function, None, samples)
+    assert value == {"score": 0.4, "other": -1.0} and short["score"] == pytest.approx(0.2)
     assert rewards.reward_value(value, "score") == pytest.approx(0.4)
     assert rewards.reward_value(1, None) == 1.0
     with pytest.raises(ValueError, match=r"the reward is a dict \(keys: other, score\)"):

@@ -53,7 +53,7 @@ from trainer.grpo import (
 from trainer.metrics import MetricsLogger
 from trainer.rewards import (
     RewardSample,
-    call_custom_reward,
+    call_custom_rewards,
     get_reward,
     load_function,
     reward_value,
@@ -475,19 +475,21 @@ class GRPOLoop:
         self, samples: Sequence[Sample], generations: Sequence[Generation], n: int
     ) -> torch.Tensor:
         repeated = [s for s in samples for _ in range(n)]
-        values = []
-        for g, sample in zip(generations, repeated, strict=True):
-            if self.custom_rm is None:
-                value = self.reward_fn(self.decode(g), sample.label)
-            else:
-                graded = RewardSample(
-                    sample.prompt, self.decode(g), sample.label, dict(sample.metadata)
-                )
-                value = call_custom_reward(self.custom_rm, self.args, graded)
-            try:
-                values.append(reward_value(value, self.args.reward_key))
-            except ValueError as err:
-                raise UsageError(str(err)) from None
+        if self.custom_rm is None:
+            raw = [
+                self.reward_fn(self.decode(g), sample.label)
+                for g, sample in zip(generations, repeated, strict=True)
+            ]
+        else:
+            graded = [
+                RewardSample(sample.prompt, self.decode(g), sample.label, dict(sample.metadata))
+                for g, sample in zip(generations, repeated, strict=True)
+            ]
+            raw = call_custom_rewards(self.custom_rm, self.args, graded)
+        try:
+            values = [reward_value(value, self.args.reward_key) for value in raw]
+        except ValueError as err:
+            raise UsageError(str(err)) from None
         return torch.tensor(values, dtype=torch.float32)
 
     def train(

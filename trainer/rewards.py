@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,12 +83,21 @@ def load_function(path: str) -> Callable[..., Any]:
     return function
 
 
-def call_custom_reward(
-    function: Callable[..., Any], args: argparse.Namespace, sample: RewardSample
-) -> Any:
-    """``function(args, sample)``, awaited when it is a coroutine function (as miles allows)."""
-    result = function(args, sample)
-    return asyncio.run(result) if inspect.isawaitable(result) else result
+def call_custom_rewards(
+    function: Callable[..., Any], args: argparse.Namespace, samples: Sequence[RewardSample]
+) -> list[Any]:
+    """``function(args, sample)`` for every sample; coroutines (miles allows an async reward,
+    usually a reward-server client) are awaited together, on one event loop."""
+    results = [function(args, sample) for sample in samples]
+    pending = [i for i, result in enumerate(results) if inspect.isawaitable(result)]
+    if pending:
+
+        async def together() -> list[Any]:
+            return await asyncio.gather(*(results[i] for i in pending))
+
+        for i, value in zip(pending, asyncio.run(together()), strict=True):
+            results[i] = value
+    return results
 
 
 def reward_value(value: Any, reward_key: str | None) -> float:
