@@ -417,6 +417,7 @@ OPTIONS = {
     ),
     "gspo": (["--advantage-estimator", "gspo"], set()),
     "whitened": (["--normalize-advantages", "--calculate-per-token-loss"], set()),
+    "whitened, truncated ones dropped": (["--normalize-advantages", "--overlong-filter"], set()),
     "dynamic sampling": (
         ["--over-sampling-batch-size", "8", "--dynamic-sampling-filter-path", MILES_FILTER],
         {"rollout/dynamic_sampling_rounds", "rollout/dynamic_sampling_dropped"},

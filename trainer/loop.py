@@ -315,8 +315,8 @@ class GRPOLoop:
             generations, rewards, sampling = self.collect(rollout_id, timer)
             metrics = rollout_metrics(generations, rewards, self.args.n_samples_per_prompt)
             metrics.update(sampling)
+            lengths = torch.tensor([len(g.response_ids) for g in generations])
             if self.args.overlong_buffer_len:
-                lengths = torch.tensor([len(g.response_ids) for g in generations])
                 penalty = overlong_penalty(
                     lengths,
                     self.args.rollout_max_response_len,
@@ -329,8 +329,13 @@ class GRPOLoop:
                 rewards, self.args.n_samples_per_prompt, self.args.grpo_std_normalization
             )
             if self.args.normalize_advantages:
-                lengths = torch.tensor([len(g.response_ids) for g in generations])
-                advantages = whiten(advantages, lengths)
+                # a sample weighs by its loss tokens: none for a truncated one under the filter
+                dropped = torch.tensor(
+                    [g.truncated and self.args.overlong_filter for g in generations]
+                )
+                weights = lengths.masked_fill(dropped, 0)
+                if weights.sum() > 0:
+                    advantages = whiten(advantages, weights)
             metrics.update(self.train(generations, advantages, timer))
             if self.args.check_adapter_sync:
                 metrics.update(self.expect_adapter_sync(generations[0]))
