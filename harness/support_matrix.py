@@ -48,7 +48,7 @@ EVIDENCE: Mapping[str, str] = {
     ),
     "launchers.cpu.run_tiny_qwen3_lora": (
         "snapshots, argv contract; the default test suite runs the job live on 2 CPU cores "
-        "(the README's command: reward first-5 0.084 -> last-5 0.253, 2026-12-03); the same "
+        "(the README's command: reward first-5 0.091 -> last-5 0.459, 2026-12-03); the same "
         "recipe on 1x H200 in bf16 (`cuda_gpu` test, before issue 12's miles defaults): "
         "0.128 -> 0.562, 0.36 s/step"
     ),
