@@ -58,7 +58,8 @@ FULL_SHAPE = {**SHAPES["qwen3-0.6b"], "num_hidden_layers": 28, "vocab_size": 151
 SGLANG_FLAGS = (
     "--sglang-attention-backend triton --sglang-lora-backend triton "
     "--sglang-sampling-backend pytorch --sglang-mem-fraction-static 0.15 "
-    "--sglang-cuda-graph-max-bs-decode 64 --sglang-log-level warning --lora-base-cpu-backup"
+    "--sglang-cuda-graph-max-bs-decode 64 --sglang-disable-prefill-cuda-graph "
+    "--sglang-log-level warning --lora-base-cpu-backup"
 )
 
 
@@ -94,6 +95,7 @@ class StepTime:
     rollout_s: float
     response_tokens: int
     total_tokens: int
+    phases: dict[str, float] = field(default_factory=dict)  # ours: the loop's `time/*` metrics
 
 
 # ---------------------------------------------------------------------------- model, data
@@ -288,6 +290,11 @@ class InProcessTrainers:
     def export_adapter(self) -> Any:
         return self.trainer.export_adapter()
 
+    def adapter_digests(self) -> list[str]:
+        from trainer.backends.base import adapter_digest
+
+        return [adapter_digest(self.trainer.export_adapter())]
+
     def save(self, path: Path) -> None:
         self.trainer.save(path)
 
@@ -372,6 +379,11 @@ class Ours:
             rollout_s=metrics["time/rollout"],
             response_tokens=responses,
             total_tokens=responses + rows * self.spec.prompt_len,
+            phases={
+                key.removeprefix("time/"): value
+                for key, value in metrics.items()
+                if key.startswith("time/") or key.startswith("sync/")
+            },
         )
 
     def close(self) -> None:
@@ -595,6 +607,15 @@ def summary(times: list[StepTime]) -> dict[str, float]:
     }
 
 
+def phase_medians(times: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """Median of every phase (seconds) and check metric the steps of one system recorded."""
+    names = sorted({name for t in times for name in t["phases"]})
+    return [
+        (name, statistics.median(t["phases"][name] for t in times if name in t["phases"]))
+        for name in names
+    ]
+
+
 def versions(spec: Spec) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -652,6 +673,10 @@ def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> N
             f"{peak:>28} {allocated:>16}"
         )
     print(f"peak memory: {where}; torch alloc: the worker process's own tensors")
+    for name, r in results.items():
+        phases = phase_medians(r["times"])
+        if phases:
+            print(f"{name} per step (median): " + ", ".join(f"{k} {v:.3f}" for k, v in phases))
     if "ours" in results and "trl" in results:
         ratio = results["trl"]["summary"]["median"] / results["ours"]["summary"]["median"]
         print(f"ratio (trl median / ours median): {ratio:.2f}x")

@@ -129,3 +129,20 @@ def test_an_error_during_rollout_leaves_the_colocation_failed() -> None:
 
 def test_heavy_packages_not_imported() -> None:
     assert not any(m == "sglang" or m.startswith(("sglang.", "megatron")) for m in sys.modules)
+
+
+@pytest.mark.parametrize("colocate", [True, False])
+def test_swap_calls_are_timed_into_the_step_times(colocate: bool) -> None:
+    colo, *_ = _colocation(colocate)
+    colo.start()
+    seconds = {"time/rollout": 1.0}
+    for _ in range(2):
+        with colo.rollout(seconds):
+            pass
+    swaps = {key for key in seconds if key != "time/rollout"}
+    expected = {
+        "time/trainer_release_memory", "time/engine_resume_memory",
+        "time/engine_release_memory", "time/trainer_resume_memory",
+    }  # fmt: skip
+    assert swaps == (expected if colocate else set())
+    assert all(value >= 0 for value in seconds.values()) and seconds["time/rollout"] == 1.0

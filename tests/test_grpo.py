@@ -278,3 +278,22 @@ def test_soft_overlong_penalty() -> None:
     # limit 10, buffer 4: no penalty up to 6 tokens, then (len - 6) / 4 of the factor 0.5
     lengths = torch.tensor([5, 6, 7, 8, 10])
     close(overlong_penalty(lengths, 10, 4, 0.5), [0.0, 0.0, -0.125, -0.25, -0.5])
+
+
+@pytest.mark.parametrize("config", [GRPOConfig(), GRPOConfig(use_tis=True, tis_clip=1.5)])
+def test_on_policy_old_logprobs_are_the_forwards_own(config):
+    """One optimizer step per rollout: no old log-probs given means the trained policy's own,
+    with the same loss, gradient and metrics as when they come from a separate forward."""
+    torch.manual_seed(0)
+    logprobs = torch.randn(3, 6, requires_grad=True)
+    rollout = logprobs.detach() + 0.05 * torch.randn(3, 6)
+    advantages, mask = torch.tensor([1.0, -0.5, 0.25]), (torch.rand(3, 6) > 0.3).float()
+    results = []
+    for old in (None, logprobs.detach().clone()):
+        loss, metrics = grpo_loss(logprobs, old, advantages, mask, config, rollout_logprobs=rollout)
+        (grad,) = torch.autograd.grad(loss, logprobs)
+        results.append((loss.detach(), grad, metrics))
+    (loss_a, grad_a, metrics_a), (loss_b, grad_b, metrics_b) = results
+    assert torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b) and metrics_a == metrics_b
+    expected = float(((logprobs.detach() - rollout).abs() * mask).sum() / mask.sum())
+    assert metrics_a["train_rollout_logprob_abs_diff"] == pytest.approx(expected)

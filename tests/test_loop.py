@@ -178,10 +178,11 @@ def test_micro_batches_are_length_bucketed():
 class CountingTrainers(LocalTrainers):
     def __init__(self, trainer) -> None:
         super().__init__(trainer)
-        self.reference_forwards = 0
+        self.reference_forwards = self.policy_forwards = 0
 
     def forward(self, shards, *, with_adapter):
         self.reference_forwards += not with_adapter
+        self.policy_forwards += with_adapter
         return super().forward(shards, with_adapter=with_adapter)
 
 
@@ -214,6 +215,19 @@ def test_reference_forward_runs_only_for_the_kl_loss(tiny_dirs, tmp_path):
         assert plain[key] == kl[key], key
     for a, b in zip(plain_grads, kl_grads, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("global_batch", "forwards"), [("16", 0), ("8", 1)])
+def test_old_logprobs_forward_runs_only_for_several_steps_per_rollout(
+    tiny_dirs, tmp_path, global_batch, forwards
+):
+    """With one optimizer step per rollout the old policy is the trained one (its log-probs come
+    from the training forward); with two, the second step needs the first's old policy."""
+    metrics, _, trainers = train_once(tiny_dirs, tmp_path, "--global-batch-size", global_batch)
+    assert trainers.policy_forwards == forwards
+    assert 0 <= metrics["train/train_rollout_logprob_abs_diff"] < 1e-4
+    if forwards == 0:
+        assert metrics["train/ppo_ratio"] == 1.0 and metrics["train/pg_clipfrac"] == 0.0
 
 
 def test_bucketing_keeps_the_steps(tiny_dirs, tmp_path, monkeypatch):

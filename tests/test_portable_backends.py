@@ -412,3 +412,27 @@ def test_optimizer_step_equals_the_reference_computation(
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-7)
             with torch.no_grad():
                 q.copy_(p)
+
+
+def test_bf16_training_computes_the_adapter_in_bf16_as_the_engine_serves_it(model_dir):
+    """bf16 keeps a float32 adapter for Adam but computes it in bf16 (autocast); upcasting
+    each LoRA input instead costs a float32 activation copy per layer and differs from what the
+    engine, which serves the adapter in bf16, computes."""
+    engine = HFRolloutEngine(model_dir)
+    trainer = PeftPolicyTrainer(
+        model_dir, LoraSettings(rank=4, alpha=8.0), OptimizerSettings(lr=1e-3, total_iters=1),
+        dtype="bf16",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    assert {p.dtype for p in trainer.params} == {torch.float32}
+    _, batch = batch_of(engine, [1.0, 0.0, -1.0])
+    trained = trainer.forward(batch, with_adapter=True).logprobs
+    for param in trainer.params:  # the adapter as the engine holds it
+        param.data = param.data.to(torch.bfloat16)
+    trainer.mixed_precision = False
+    served = trainer.forward(batch, with_adapter=True).logprobs
+    assert torch.equal(trained, served)

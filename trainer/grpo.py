@@ -237,7 +237,7 @@ class GRPOConfig:
 
 def grpo_loss(
     logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     config: GRPOConfig | None = None,
@@ -249,12 +249,18 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``pg_loss + kl_loss_coef * kl (with use_kl_loss) - entropy_coef * entropy``.
 
+    `old_logprobs` None: on-policy, the one optimizer step of a rollout, whose old policy is
+    the current one; its log-probabilities are `logprobs` themselves (without gradient).
+
     Metrics: ``pg_loss``, ``pg_clipfrac``, ``ppo_ratio`` (token mean), plus ``kl`` when
-    `ref_logprobs` is given, ``entropy`` when `entropy` (per token) is given, and ``tis`` /
-    ``tis_clipfrac`` with `use_tis` (which needs the rollout engine's `rollout_logprobs`); with a
-    `normalizer` each is this micro-batch's share of the step's value.
+    `ref_logprobs` is given, ``entropy`` when `entropy` (per token) is given,
+    ``train_rollout_logprob_abs_diff`` (token mean of |old - rollout|) when the rollout engine's
+    `rollout_logprobs` are given, and ``tis`` / ``tis_clipfrac`` with `use_tis` (which needs
+    them); with a `normalizer` each is this micro-batch's share of the step's value.
     """
     config = config or GRPOConfig()
+    if old_logprobs is None:
+        old_logprobs = logprobs.detach()
     if config.use_kl_loss and ref_logprobs is None:
         raise ValueError("use_kl_loss needs ref_logprobs")
     if config.entropy_coef and entropy is None:
@@ -263,6 +269,11 @@ def grpo_loss(
         raise ValueError("use_tis needs rollout_logprobs")
     normalizer = normalizer or Normalizer.from_masks([mask])
     metrics: dict[str, float] = {}
+    if rollout_logprobs is not None:
+        mismatch = (old_logprobs - rollout_logprobs).abs()
+        metrics["train_rollout_logprob_abs_diff"] = float(
+            aggregate(mismatch, mask, "token-mean", normalizer)
+        )
     weights = None
     if config.use_tis:
         weights, tis = truncated_importance_weights(

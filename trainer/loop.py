@@ -359,7 +359,7 @@ class GRPOLoop:
         kept: list[tuple[list[Generation], torch.Tensor]] = []
         rejected: list[tuple[list[Generation], torch.Tensor]] = []
         rounds = prompts = 0
-        with self.colocation.rollout():  # one phase for every round: the GPUs swap once
+        with self.colocation.rollout(timer.times):  # one phase for every round: one swap
             self.publish(timer)
             checked = self.check_adapter_sync()
             while len(kept) < target:
@@ -503,7 +503,7 @@ class GRPOLoop:
         steps = self.micro_batches(generations, advantages)
         world = self.trainers.world_size
         with timer("logprobs"):
-            diff = self.attach_logprobs(steps)
+            self.attach_logprobs(steps)
         results: list[dict[str, float]] = []
         with timer("train"):
             for step in steps:
@@ -513,9 +513,7 @@ class GRPOLoop:
                 )
                 loss_fn = GRPOLoss(self.config, normalizer)
                 results.append(average_results(self.trainers.train_step(step, loss_fn)))
-        metrics = {f"train/{k}": sum(r[k] for r in results) / len(results) for k in results[0]}
-        metrics["train/train_rollout_logprob_abs_diff"] = diff
-        return metrics
+        return {f"train/{k}": sum(r[k] for r in results) / len(results) for k in results[0]}
 
     def micro_batches(
         self, generations: Sequence[Generation], advantages: torch.Tensor
@@ -544,33 +542,28 @@ class GRPOLoop:
             for step in plan
         ]
 
-    def attach_logprobs(self, steps: list[list[list[TrainBatch]]]) -> float:
+    def attach_logprobs(self, steps: list[list[list[TrainBatch]]]) -> None:
         """Set old (policy) and, with ``--use-kl-loss``, reference (adapter disabled)
-        log-probabilities on every micro-batch, before any optimizer step; returns mean
-        |old - rollout| per token.
+        log-probabilities on every micro-batch, before any optimizer step.
 
-        The reference forward costs as much as the policy's and only the KL term reads it: it
-        runs with ``--use-kl-loss`` (with ``--kl-loss-coef 0`` for the KL metric alone, as in
-        miles) and is skipped otherwise."""
+        With one optimizer step per rollout the old policy is the one being trained, unchanged
+        since it generated: its log-probabilities are the training forward's own (`grpo_loss`
+        takes them from there, as TRL does), so the extra forward is skipped. The reference
+        forward costs as much and only the KL term reads it: it runs with ``--use-kl-loss``
+        (with ``--kl-loss-coef 0`` for the KL metric alone, as in miles)."""
         world = self.trainers.world_size
         shards = [[mb for step in steps for mb in step[rank]] for rank in range(world)]
-        old = self.trainers.forward(shards, with_adapter=True)
-        if self.config.use_kl_loss:
-            ref = self.trainers.forward(shards, with_adapter=False)
-        else:
-            ref = [[None] * len(shard) for shard in shards]
-        total = tokens = 0.0
+        none = [[None] * len(shard) for shard in shards]
+        old = self.trainers.forward(shards, with_adapter=True) if len(steps) > 1 else none
+        ref = self.trainers.forward(shards, with_adapter=False) if self.config.use_kl_loss else none
         for shard, old_out, ref_out in zip(shards, old, ref, strict=True):
             for mb, o, f in zip(shard, old_out, ref_out, strict=True):
-                mb.old_logprobs = o.logprobs
+                mb.old_logprobs = None if o is None else o.logprobs
                 mb.ref_logprobs = None if f is None else f.logprobs
-                total += float(((o.logprobs - mb.rollout_logprobs).abs() * mb.loss_mask).sum())
-                tokens += float(mb.loss_mask.sum())
-        return total / max(tokens, 1.0)
 
     def evaluate(self, rollout_id: int, timer: Timer) -> dict[str, float]:
         scores = {}
-        with self.colocation.rollout():
+        with self.colocation.rollout(timer.times):
             self.publish(timer)
             for name, samples in self.eval_sets.items():
                 generations = self.generate(samples, rollout_id, evaluation=True)

@@ -16,11 +16,7 @@ the rollout temperature, as the engines define them. The reference policy is thi
 its adapters disabled. Data parallelism: every rank of one data-parallel group (its TP x PP x CP
 ranks) must get the same batches; `data_parallel_rank` says which shard a rank takes.
 
-Colocated memory (`release_memory`): with ``--lora-base-cpu-backup`` the frozen base weights
-are copied once to pinned CPU memory and their GPU storage is freed while the rollout engine
-runs; `resume_memory` copies them back, so they are never reloaded from the checkpoint. Without
-it the base stays on the GPU and only cached blocks are freed. Adapters, gradients and optimizer
-state (adapter-sized) stay resident.
+Colocated memory (`release_memory`): see `trainer.backends.frozen_weights`.
 """
 
 from __future__ import annotations
@@ -38,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.backends import megatron_config as mc
 from trainer.backends import megatron_lora_names as names
 from trainer.backends.base import ForwardOutput, LoraAdapter, LossFn, StepResult, TrainBatch
+from trainer.backends.frozen_weights import FrozenWeights
 from trainer.backends.megatron_batching import (
     context_parallel_order,
     context_parallel_positions,
@@ -146,8 +143,11 @@ class MegatronPolicyTrainer:
         self.data_parallel_rank = parallel_state.get_data_parallel_rank()
         self.data_parallel_size = parallel_state.get_data_parallel_world_size()
         self.steps = 0
-        self._base_copies: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        self._released = False
+        self.frozen = FrozenWeights(
+            (p for chunk in self.model for p in chunk.parameters()),
+            self.device,
+            cpu_backup=args.lora_base_cpu_backup,
+        )
 
     # ----------------------------------------------------------------------------- forward
 
@@ -484,32 +484,10 @@ class MegatronPolicyTrainer:
     # ------------------------------------------------------------------ colocated memory
 
     def release_memory(self) -> None:
-        import torch
-
-        if self._released:
-            raise RuntimeError("release_memory called twice without resume_memory")
-        if self.args.lora_base_cpu_backup:
-            if not self._base_copies:
-                frozen = {id(p): p for chunk in self.model for p in chunk.parameters()}
-                self._base_copies = [
-                    (p, torch.empty(p.shape, dtype=p.dtype, pin_memory=True).copy_(p.data))
-                    for p in frozen.values()
-                    if not p.requires_grad
-                ]
-            for param, _ in self._base_copies:
-                param.data = torch.empty(0, dtype=param.dtype, device=self.device)
-        torch.cuda.empty_cache()
-        self._released = True
+        self.frozen.release()
 
     def resume_memory(self) -> None:
-        import torch
-
-        if not self._released:
-            raise RuntimeError("resume_memory called without release_memory")
-        for param, copy in self._base_copies:
-            param.data = copy.to(self.device, non_blocking=True)
-        torch.cuda.synchronize(self.device)
-        self._released = False
+        self.frozen.restore()
 
 
 def _to_device(batch: TrainBatch, device: Any) -> TrainBatch:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from trainer.backends.base import ForwardOutput, LoraAdapter, LossFn, StepResult, TrainBatch
-from trainer.backends.devices import empty_cache, torch_dtype
+from trainer.backends.devices import torch_dtype
+from trainer.backends.frozen_weights import FrozenWeights
 from trainer.checkpoint import ADAPTER_DIR
 
 STATE_FILE = "trainer_state.pt"
@@ -122,9 +123,12 @@ class PeftPolicyTrainer:
         entropy_grad: bool = False,
         gradient_checkpointing: bool = False,
         logprob_chunk_rows: int = -1,
+        base_cpu_backup: bool = False,
         seed: int = 0,
     ) -> None:
-        """`gradient_checkpointing`: recompute each decoder layer's activations in backward
+        """`base_cpu_backup`: colocated, free the base weights' GPU memory during rollouts
+        (``--lora-base-cpu-backup``, `trainer.backends.frozen_weights`).
+        `gradient_checkpointing`: recompute each decoder layer's activations in backward
         (less memory for long sequences, about a third more compute). `logprob_chunk_rows`:
         response tokens per chunk of the log-prob computation (``--log-probs-chunk-size``;
         -1: `trainer.logprobs.DEFAULT_CHUNK_ROWS`)."""
@@ -141,7 +145,12 @@ class PeftPolicyTrainer:
             DEFAULT_CHUNK_ROWS if logprob_chunk_rows == -1 else logprob_chunk_rows
         )
         self.optim_settings = optim
-        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
+        # bf16: the base in bf16 and the adapter in float32 (PEFT's master copy, which Adam
+        # updates), computed under autocast in bf16 as the rollout engine computes it; without
+        # autocast every LoRA layer would upcast its input and keep a float32 copy for backward
+        self.compute_dtype = torch_dtype(dtype)
+        self.mixed_precision = self.compute_dtype != torch.float32
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.compute_dtype)
         torch.manual_seed(seed)
         self.model = get_peft_model(base, lora.peft_config()).to(self.device)
         if gradient_checkpointing:
@@ -165,6 +174,9 @@ class PeftPolicyTrainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, optim.lr_factor)
         self.steps = 0
+        self.frozen = FrozenWeights(
+            self.model.parameters(), self.device, cpu_backup=base_cpu_backup
+        )
 
     def forward(
         self, batch: TrainBatch, *, with_adapter: bool, with_entropy: bool = False
@@ -191,14 +203,15 @@ class PeftPolicyTrainer:
         mask = batch.loss_mask.to(self.device) > 0
         targets = input_ids[:, 1:][mask]
         base = self.model.get_base_model()
-        if self.plain_head:
-            hidden = base.get_decoder()(
-                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-            ).last_hidden_state
-            inputs, weight = hidden[:, :-1][mask], base.get_output_embeddings().weight
-        else:
-            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-            inputs, weight = logits[:, :-1][mask], None
+        with torch.autocast(self.device.type, self.compute_dtype, enabled=self.mixed_precision):
+            if self.plain_head:
+                hidden = base.get_decoder()(
+                    input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+                ).last_hidden_state
+                inputs, weight = hidden[:, :-1][mask], base.get_output_embeddings().weight
+            else:
+                logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+                inputs, weight = logits[:, :-1][mask], None
         logprobs, entropy = token_logprobs(
             inputs,
             targets,
@@ -306,19 +319,11 @@ class PeftPolicyTrainer:
 
     def release_memory(self) -> None:
         if self.device.type != "cpu":
-            self._move("cpu")
-            empty_cache(self.device)
+            self.frozen.release()
 
     def resume_memory(self) -> None:
         if self.device.type != "cpu":
-            self._move(self.device)
-
-    def _move(self, device: Any) -> None:
-        self.model.to(device)
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if hasattr(value, "to") and getattr(value, "dim", lambda: 0)() > 0:
-                    state[key] = value.to(device)
+            self.frozen.restore()
 
 
 def create(args: argparse.Namespace, device: str, *, total_steps: int) -> PeftPolicyTrainer:
@@ -353,5 +358,6 @@ def create(args: argparse.Namespace, device: str, *, total_steps: int) -> PeftPo
         entropy_grad=args.entropy_coef != 0,
         gradient_checkpointing=args.gradient_checkpointing,
         logprob_chunk_rows=args.log_probs_chunk_size,
+        base_cpu_backup=args.lora_base_cpu_backup,
         seed=args.seed,
     )

@@ -1,0 +1,56 @@
+"""A colocated trainer's GPU memory while the rollout engine holds the GPU.
+
+With LoRA only the adapter learns: the base weights never change, so they are copied once to
+pinned host memory and afterwards only freed and restored (one host-to-device copy per rollout,
+never a device-to-host one). The adapter, its gradients and its optimizer state are
+adapter-sized and stay resident; moving them would cost more than the memory they hold.
+Without ``--lora-base-cpu-backup`` the base stays on the GPU too and only the allocator's
+cached blocks are given back, which is what the engine's KV cache needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from trainer.backends.devices import empty_cache
+
+
+class FrozenWeights:
+    def __init__(self, parameters: Iterable[Any], device: Any, *, cpu_backup: bool) -> None:
+        """`parameters`: the model's parameters (tied ones may repeat); `device`: a torch.device."""
+        self.device = device
+        self.cpu_backup = cpu_backup
+        unique = {id(p): p for p in parameters}
+        self._frozen = [p for p in unique.values() if not p.requires_grad]
+        self._copies: list[Any] = []
+        self.released = False
+
+    def release(self) -> None:
+        import torch
+
+        if self.released:
+            raise RuntimeError("release_memory called twice without resume_memory")
+        if self.cpu_backup:
+            if not self._copies:
+                pin = self.device.type == "cuda"  # page-locked: the copy back runs asynchronously
+                self._copies = [
+                    torch.empty(p.shape, dtype=p.dtype, pin_memory=pin).copy_(p.data)
+                    for p in self._frozen
+                ]
+            for param in self._frozen:
+                param.data = torch.empty(0, dtype=param.dtype, device=self.device)
+        empty_cache(self.device)
+        self.released = True
+
+    def restore(self) -> None:
+        import torch
+
+        if not self.released:
+            raise RuntimeError("resume_memory called without release_memory")
+        if self.cpu_backup:
+            for param, copy in zip(self._frozen, self._copies, strict=True):
+                param.data = copy.to(self.device, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.released = False
