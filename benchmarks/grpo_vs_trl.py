@@ -5,7 +5,7 @@ The workload (issue 10): a Qwen3-architecture model of about 0.6B parameters wit
 151,936, tied embeddings) and a word-level tokenizer, both built locally; 8 prompts x 8 samples
 per step, 256-token prompts, 512 response tokens with EOS ignored (every sample that long), LoRA
 r=64 alpha=32 dropout 0 on all linear layers, bf16, lr 2e-5, no KL (beta 0), one generation and
-one optimizer update per step.
+one optimizer update per step; both systems' reward is `length_parity`.
 
 * *ours*: the project's fastest single-GPU pairing, SGLang rollout + PEFT trainer colocated,
   driven in this process tree through the project's own backends and `GRPOLoop.step` (the
@@ -270,6 +270,17 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+# ---------------------------------------------------------------------------- reward
+
+
+def length_parity(args: Any, sample: Any) -> float:
+    """Both systems' reward: the parity of the response text's length (ours calls it as a
+    ``--custom-rm-path`` function with a `RewardSample`, TRL with the completion string). It
+    varies between samples, so advantages are not all 0 and the adapters move."""
+    text = sample if isinstance(sample, str) else sample.response
+    return float(len(text) % 2)
+
+
 # ---------------------------------------------------------------------------- ours
 
 
@@ -312,7 +323,7 @@ def ours_argv(spec: Spec, steps: int) -> list[str]:
     cuda = spec.device.startswith("cuda")
     argv = [
         "--hf-checkpoint", spec.model_dir, "--prompt-data", spec.prompt_file,
-        "--rm-type", "tiny", "--num-rollout", str(steps),
+        "--custom-rm-path", f"{__name__}.length_parity", "--num-rollout", str(steps),
         "--rollout-batch-size", str(spec.prompts), "--n-samples-per-prompt", str(spec.samples),
         "--rollout-max-response-len", str(spec.response_len),
         "--global-batch-size", str(spec.prompts * spec.samples),
@@ -445,9 +456,6 @@ def run_trl(spec: Spec, steps: int, conn: Any, memory: PeakMemory) -> None:
     dataset = datasets.Dataset.from_dict({"prompt": prompts_of(spec)})
     timing: dict[str, float] = {}
 
-    def parity(completions: list[Any], **_: Any) -> list[float]:
-        return [float(len(c) % 2) for c in completions]
-
     class Pace(TrainerCallback):
         def on_step_begin(self, *_: Any, **__: Any) -> None:
             command = conn.recv()
@@ -472,6 +480,9 @@ def run_trl(spec: Spec, steps: int, conn: Any, memory: PeakMemory) -> None:
             )
             memory.idle()
             conn.send(asdict(step))
+
+    def parity(completions: list[str], **_: Any) -> list[float]:
+        return [length_parity(None, completion) for completion in completions]
 
     peft_config = LoraConfig(
         r=64, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM"
@@ -736,7 +747,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         "--rollout-backend", choices=("sglang", "hf"), help="ours' engine (cuda: sglang, cpu: hf)"
     )
     parser.add_argument(
-        "--ours-flags", default="", help="more train.py flags for ours (e.g. --sglang-* flags)"
+        "--ours-flags",
+        default="",
+        help="more train.py flags for ours, after '=' (--ours-flags='--sglang-log-level info')",
     )
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")

@@ -77,3 +77,24 @@ def test_bad_arguments_exit_2_with_one_line(bench, capsys, argv, message):
         bench.parse(["--device", "cpu", "--tiny", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_both_systems_get_the_same_varying_reward(bench):
+    from trainer.arguments import parse_args
+    from trainer.loop import _user_function
+    from trainer.rewards import RewardSample
+
+    args = parse_args(bench.ours_argv(full_spec(bench, work="/w"), steps=1))
+    ours = _user_function(args.custom_rm_path)
+    texts = ["t7 t81", "t7 t812", "t70 t812"]
+    rewards = [ours(args, RewardSample("p", text, "label")) for text in texts]
+    assert rewards == [bench.length_parity(None, text) for text in texts] == [0.0, 1.0, 0.0]
+
+
+def test_phase_medians(bench):
+    times = [
+        {"phases": {"rollout": 2.0, "train": 1.0}},
+        {"phases": {"rollout": 4.0, "train": 3.0}},
+        {"phases": {"rollout": 3.0}},
+    ]
+    assert bench.phase_medians(times) == [("rollout", 3.0), ("train", 2.0)]

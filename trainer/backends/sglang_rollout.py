@@ -3,11 +3,10 @@
 
 API followed: SGLang 0.5.9 (``sglang/srt/entrypoints/engine.py``): ``Engine(**server_args)``,
 ``generate(input_ids=..., sampling_params=..., return_logprob=True, lora_path=[...])``,
-``load_lora_adapter_from_tensors(name, tensors, config_dict)`` (adapter from memory; from
-0.5.17 as one flattened bucket with ``load_format``; older releases lack it and get the adapter
-from a PEFT directory via ``load_lora_adapter(name, path)``), ``unload_lora_adapter(name)``,
-``release_memory_occupation(tags)`` / ``resume_memory_occupation(tags)`` (needs
-``enable_memory_saver``, set with ``--colocate``).
+``load_lora_adapter_from_tensors(name, tensors, config_dict)`` (adapter from memory; older
+releases lack it and get the adapter from a PEFT directory via ``load_lora_adapter(name,
+path)``), ``unload_lora_adapter(name)``, ``release_memory_occupation(tags)`` /
+``resume_memory_occupation(tags)`` (needs ``enable_memory_saver``, set with ``--colocate``).
 
 Colocated memory: with ``--lora-base-cpu-backup`` the engine runs with
 ``enable_weights_cpu_backup`` and releases everything (weights, KV cache, CUDA graphs) while
@@ -21,7 +20,6 @@ anyway.
 from __future__ import annotations
 
 import argparse
-import inspect
 import itertools
 import json
 import tempfile
@@ -52,7 +50,6 @@ class SGLangRolloutEngine:
             if server_args.get("enable_weights_cpu_backup")
             else [KV_CACHE, CUDA_GRAPH]
         )
-        self._tp_size = int(server_args.get("tp_size", 1))
         self._adapter_name: str | None = None
         self._names = itertools.count()
         self._released = False
@@ -90,38 +87,17 @@ class SGLangRolloutEngine:
         """Serve `adapter` from now on: load it under a fresh name, then drop the previous one."""
         name = f"policy-v{adapter.version}-{next(self._names)}"
         tensors = {key: tensor.contiguous() for key, tensor in adapter.tensors.items()}
-        if not hasattr(self._engine, "load_lora_adapter_from_tensors"):
-            result = self._engine.load_lora_adapter(name, str(self._write(name, tensors, adapter)))
-        elif _takes_load_format(self._engine.load_lora_adapter_from_tensors):
-            result = self._load_flattened(name, tensors, adapter)
-        else:
+        if hasattr(self._engine, "load_lora_adapter_from_tensors"):
             result = self._engine.load_lora_adapter_from_tensors(
                 name, tensors, dict(adapter.config)
             )
+        else:
+            result = self._engine.load_lora_adapter(name, str(self._write(name, tensors, adapter)))
         if not getattr(result, "success", True):
             raise RuntimeError(f"SGLang could not load LoRA adapter {name}: {result.error_message}")
         previous, self._adapter_name = self._adapter_name, name
         if previous is not None:
             self._engine.unload_lora_adapter(previous)
-
-    def _load_flattened(self, name: str, tensors: dict[str, Any], adapter: LoraAdapter) -> Any:
-        """The adapter as one flat tensor (SGLang's ``flattened_bucket`` format): a single
-        shared-memory segment crosses to each scheduler process instead of one per tensor
-        (several hundred for LoRA on every linear layer), each with its own handshake."""
-        from sglang.srt.utils import MultiprocessingSerializer
-        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
-
-        bucket = FlattenedTensorBucket(named_tensors=list(tensors.items()))
-        payload = MultiprocessingSerializer.serialize(
-            {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()},
-            output_str=True,
-        )
-        return self._engine.load_lora_adapter_from_tensors(
-            name,
-            [payload] * self._tp_size,  # one copy per tensor-parallel rank, each reads its own
-            dict(adapter.config),
-            load_format="flattened_bucket",
-        )
 
     def _write(self, name: str, tensors: dict[str, Any], adapter: LoraAdapter) -> Path:
         from safetensors.torch import save_file
@@ -143,11 +119,6 @@ class SGLangRolloutEngine:
     def shutdown(self) -> None:
         self._engine.shutdown()
         self._adapter_dir.cleanup()
-
-
-def _takes_load_format(load: Any) -> bool:
-    """Whether this SGLang's ``load_lora_adapter_from_tensors`` takes flattened buckets."""
-    return "load_format" in inspect.signature(load).parameters
 
 
 def create(args: argparse.Namespace, device: str, *, engine_index: int = 0) -> SGLangRolloutEngine:
