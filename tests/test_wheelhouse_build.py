@@ -81,9 +81,9 @@ def write_sdist(folder: Path, name: str, version: str) -> Path:
     return path
 
 
-def build(tmp_path: Path, index: Path, *argv: str) -> dict:
+def build(tmp_path: Path, index: Path, *argv: str, inventory: dict = NODE) -> dict:
     node = tmp_path / "node.json"
-    node.write_text(json.dumps(NODE))
+    node.write_text(json.dumps(inventory))
     out = tmp_path / "wh"
     common = ["--inventory", str(node), "--no-index", "--find-links", str(index), "-o", str(out)]
     assert main(["build", *argv, *common]) == 0
@@ -181,3 +181,21 @@ def test_no_deps_sdist_pin_and_bad_sdist_argument(tmp_path, index, capsys):
     argv = ["build", "--no-deps", "x==1", "--python-version", "3.12", "--platform", "x"]
     assert main([*argv, "--sdist", "native-src", "-o", "wh"]) == 2
     assert "--sdist 'native-src': expected NAME==VERSION" in capsys.readouterr().err
+
+
+def test_resolve_prefers_the_versions_the_node_has(tmp_path, index, capsys):
+    """pip takes the newest filelock (3.20.0), but the node's 3.5.0 satisfies `app`: a second
+    resolve keeps it, so nothing of the node is replaced."""
+    others = [d for d in NODE["distributions"] if d["name"] != "filelock"]
+    node = {**NODE, "distributions": [*others, {"name": "filelock", "version": "3.5.0"}]}
+    manifest = build(tmp_path, index, "app", inventory=node)
+    assert list(manifest["wheels"]) == ["app-1.0-py3-none-any.whl"]
+    out = capsys.readouterr().out
+    assert "node has filelock==3.5.0" in out and "replaces" not in out
+
+
+def test_a_node_version_the_requirements_exclude_is_replaced(tmp_path, index, capsys):
+    manifest = build(tmp_path, index, "app")  # the node's filelock 3.0.0 is below app's >=3.1
+    assert "filelock-3.20.0-py3-none-any.whl" in manifest["wheels"]
+    out = capsys.readouterr().out
+    assert "the requirements need other versions than the node's of some of: filelock" in out

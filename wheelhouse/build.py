@@ -18,6 +18,9 @@ from wheelhouse.profiles import Rule, rules_for
 from wheelhouse.slim import slim_wheel
 from wheelhouse.target import Target
 
+# resolves that prefer the node's versions, each pinning what the one before replaced
+PREFER_NODE_ROUNDS = 3
+
 
 @dataclass(frozen=True)
 class BuildRequest:
@@ -93,7 +96,17 @@ def plan_no_deps(request: BuildRequest, log: list[str]) -> Plan:
     return plan
 
 
+def needed_items(
+    report: dict, keep: set[str], target: Target
+) -> tuple[list[resolve.Resolved], list[resolve.Resolved]]:
+    """(everything resolved, what the node needs of it)."""
+    items = resolve.parse_report(report)
+    return items, resolve.needed(items, keep, resolve.marker_environment(report, target))
+
+
 def plan_resolved(request: BuildRequest, log: list[str]) -> Plan:
+    """Resolve for the node; where the newest versions replace ones the node has, resolve once
+    more preferring the node's, and keep that when it resolves."""
     target = request.target
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if here != target.python_version:
@@ -111,12 +124,26 @@ def plan_resolved(request: BuildRequest, log: list[str]) -> Plan:
         for name, version in request.sdists.items():
             sdists.write_stand_in(stand_ins, name, version)
         options = request.pip_options + ([f"--find-links={stand_ins}"] if request.sdists else [])
-        report = resolve.run_report(
-            target, request.requirements, [pins, *request.constraints], options
-        )
-    items = resolve.parse_report(report)
-    keep = {normalize(k) for k in request.keep}
-    wanted = resolve.needed(items, keep, resolve.marker_environment(report, target))
+        constraints = [pins, *request.constraints]
+        keep = {normalize(k) for k in request.keep}
+        report = resolve.run_report(target, request.requirements, constraints, options)
+        items, wanted = needed_items(report, keep, target)
+        node_pins: list[str] = []
+        for _ in range(PREFER_NODE_ROUNDS):  # a kept version can bring in other dependencies
+            more = resolve.node_constraints(target, wanted)
+            if not more:
+                break
+            prefer = Path(tmp) / "node-versions.txt"
+            prefer.write_text("".join(f"{line}\n" for line in [*node_pins, *more]))
+            kept = resolve.try_report(target, request.requirements, [*constraints, prefer], options)
+            if kept is None:
+                log.append(
+                    "the requirements need other versions than the node's of some of: "
+                    + ", ".join(line.partition("==")[0] for line in more)
+                )
+                break
+            node_pins += more
+            items, wanted = needed_items(kept, keep, target)
     skipped = {i.name for i in items} - {w.name for w in wanted}
     if skipped:
         log.append(

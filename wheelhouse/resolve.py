@@ -3,7 +3,9 @@
 `pip install --dry-run --ignore-installed --report` (pip's stable JSON install report) runs for
 the node's Python and platform, with the node's `--keep` packages pinned to their public
 versions. What only those packages need (CUDA runtime wheels, triton, ...) the node already has
-under its own pins, so it is left out of the download.
+under its own pins, so it is left out of the download. pip prefers the newest version of
+everything else; where that replaces a version the node has, `node_constraints` pins the node's
+for a second resolve, which the build keeps when it succeeds.
 """
 
 from __future__ import annotations
@@ -42,10 +44,38 @@ def keep_constraints(target: Target, keep: list[str]) -> list[str]:
     return lines
 
 
+def node_constraints(target: Target, items: list[Resolved]) -> list[str]:
+    """`name==node-version` for each resolved package the node has in another version and no
+    requirement names itself: a second resolve under these keeps the node's own versions
+    wherever they satisfy every requirement (pip itself prefers the newest)."""
+    return [
+        f"{item.name}=={public_version(target.have[item.name])}"
+        for item in items
+        if item.name in target.have
+        and not item.requested
+        and not target.has(item.name, item.version)
+    ]
+
+
 def run_report(
     target: Target, requirements: list[str], constraints: list[Path], pip_options: list[str]
 ) -> dict:
     """pip's JSON install report of resolving `requirements` for the target node."""
+    report = try_report(target, requirements, constraints, pip_options, quiet=False)
+    if report is None:
+        raise WheelhouseError("pip could not resolve the requirements for the node (see above)")
+    return report
+
+
+def try_report(
+    target: Target,
+    requirements: list[str],
+    constraints: list[Path],
+    pip_options: list[str],
+    *,
+    quiet: bool = True,
+) -> dict | None:
+    """`run_report`, or None where pip cannot resolve (its messages shown unless `quiet`)."""
     with tempfile.TemporaryDirectory(prefix="wheelhouse-resolve-") as tmp:
         report = Path(tmp) / "report.json"
         command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed"]
@@ -54,8 +84,8 @@ def run_report(
         for path in constraints:
             command += ["-c", str(path)]
         command += requirements
-        if subprocess.run(command, check=False).returncode != 0:
-            raise WheelhouseError("pip could not resolve the requirements for the node (see above)")
+        if subprocess.run(command, check=False, capture_output=quiet).returncode != 0:
+            return None
         return json.loads(report.read_text())
 
 
