@@ -229,7 +229,8 @@ class HFRolloutEngine:
 
         if not isinstance(self.model, PeftModel):
             config = LoraConfig.from_peft_type(**dict(adapter.config))
-            self.model = get_peft_model(self.model, config).eval()
+            # the adapter in the model's dtype, as SGLang serves it and the trainer computes it
+            self.model = get_peft_model(self.model, config, autocast_adapter_dtype=False).eval()
         tensors = {name: tensor.to(self.device) for name, tensor in adapter.tensors.items()}
         result = set_peft_model_state_dict(self.model, tensors)
         if result.unexpected_keys:
