@@ -5,7 +5,7 @@ The workload (issue 10): a Qwen3-architecture model of about 0.6B parameters wit
 151,936, tied embeddings) and a word-level tokenizer, both built locally; 8 prompts x 8 samples
 per step, 256-token prompts, 512 response tokens with EOS ignored (every sample that long), LoRA
 r=64 alpha=32 dropout 0 on all linear layers, bf16, lr 2e-5, no KL (beta 0), one generation and
-one optimizer update per step; both systems' reward is `length_parity`.
+one optimizer update per step; both systems' reward is `parity` (of the response's length).
 
 * *ours*: the project's fastest single-GPU pairing, SGLang rollout + PEFT trainer colocated,
   driven in this process tree through the project's own backends and `GRPOLoop.step` (the
@@ -273,12 +273,15 @@ def synchronize(device: str) -> None:
 # ---------------------------------------------------------------------------- reward
 
 
-def length_parity(args: Any, sample: Any) -> float:
-    """Both systems' reward: the parity of the response text's length (ours calls it as a
-    ``--custom-rm-path`` function with a `RewardSample`, TRL with the completion string). It
-    varies between samples, so advantages are not all 0 and the adapters move."""
-    text = sample if isinstance(sample, str) else sample.response
+def parity(text: str) -> float:
+    """Both systems' reward: the parity of the response text's length. It varies between
+    samples, so advantages are not all 0 and the adapters move."""
     return float(len(text) % 2)
+
+
+def length_parity(args: Any, sample: Any) -> float:
+    """`parity` as ours' ``--custom-rm-path`` function (miles' ``fn(args, sample)``)."""
+    return parity(sample.response)
 
 
 # ---------------------------------------------------------------------------- ours
@@ -481,15 +484,15 @@ def run_trl(spec: Spec, steps: int, conn: Any, memory: PeakMemory) -> None:
             memory.idle()
             conn.send(asdict(step))
 
-    def parity(completions: list[str], **_: Any) -> list[float]:
-        return [length_parity(None, completion) for completion in completions]
+    def length_parity(completions: list[str], **_: Any) -> list[float]:
+        return [parity(completion) for completion in completions]
 
     peft_config = LoraConfig(
         r=64, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM"
     )
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=parity,
+        reward_funcs=length_parity,
         args=trl_config(spec, steps),
         train_dataset=dataset,
         processing_class=tokenizer,

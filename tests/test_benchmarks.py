@@ -88,7 +88,7 @@ def test_both_systems_get_the_same_varying_reward(bench):
     ours = _user_function(args.custom_rm_path)
     texts = ["t7 t81", "t7 t812", "t70 t812"]
     rewards = [ours(args, RewardSample("p", text, "label")) for text in texts]
-    assert rewards == [bench.length_parity(None, text) for text in texts] == [0.0, 1.0, 0.0]
+    assert rewards == [bench.parity(text) for text in texts] == [0.0, 1.0, 0.0]
 
 
 def test_phase_medians(bench):

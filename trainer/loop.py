@@ -359,7 +359,7 @@ class GRPOLoop:
         kept: list[tuple[list[Generation], torch.Tensor]] = []
         rejected: list[tuple[list[Generation], torch.Tensor]] = []
         rounds = prompts = 0
-        with self.colocation.rollout(timer.times):  # one phase for every round: one swap
+        with self.colocation.rollout(timer):  # one phase for every round: the GPUs swap once
             self.publish(timer)
             checked = self.check_adapter_sync()
             while len(kept) < target:
@@ -563,7 +563,7 @@ class GRPOLoop:
 
     def evaluate(self, rollout_id: int, timer: Timer) -> dict[str, float]:
         scores = {}
-        with self.colocation.rollout(timer.times):
+        with self.colocation.rollout(timer):
             self.publish(timer)
             for name, samples in self.eval_sets.items():
                 generations = self.generate(samples, rollout_id, evaluation=True)

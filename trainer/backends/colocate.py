@@ -20,9 +20,8 @@ release/resume made, in order. The holders are anything with ``release_memory()`
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Generic, Protocol, TypeVar
 
 
@@ -44,6 +43,7 @@ class ColocateOrderError(AssertionError):
 
 
 E = TypeVar("E", bound=MemoryHolder)
+Timed = Callable[[str], AbstractContextManager[None]]
 T = TypeVar("T", bound=MemoryHolder)
 
 
@@ -90,29 +90,26 @@ class Colocation(Generic[T, E]):
         self.phase = Phase.TRAIN
 
     @contextmanager
-    def rollout(self, seconds: dict[str, float] | None = None) -> Iterator[None]:
+    def rollout(self, timed: Timed | None = None) -> Iterator[None]:
         """The engine holds the GPUs inside the block, the trainer again after it. Each swap
-        call's duration is added to `seconds` under ``time/<holder>_<method>``."""
+        call runs inside ``timed("<holder>_<method>")`` (the loop's step timer)."""
         self.require(Phase.TRAIN, "rollout")
-        self._call(self.trainer, "trainer", "release_memory", seconds)
-        self._call(self.engine, "engine", "resume_memory", seconds)
+        self._call(self.trainer, "trainer", "release_memory", timed)
+        self._call(self.engine, "engine", "resume_memory", timed)
         self.phase = Phase.ROLLOUT
         try:
             yield
         except BaseException:
             self.phase = Phase.FAILED
             raise
-        self._call(self.engine, "engine", "release_memory", seconds)
-        self._call(self.trainer, "trainer", "resume_memory", seconds)
+        self._call(self.engine, "engine", "release_memory", timed)
+        self._call(self.trainer, "trainer", "resume_memory", timed)
         self.phase = Phase.TRAIN
 
     def _call(
-        self, holder: MemoryHolder, who: str, method: str, seconds: dict[str, float] | None = None
+        self, holder: MemoryHolder, who: str, method: str, timed: Timed | None = None
     ) -> None:
         if self.colocate:
-            started = time.perf_counter()
-            getattr(holder, method)()
+            with timed(f"{who}_{method}") if timed else nullcontext():
+                getattr(holder, method)()
             self.calls.append(f"{who}.{method}")
-            if seconds is not None:
-                key = f"time/{who}_{method}"
-                seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - started

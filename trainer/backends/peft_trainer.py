@@ -149,7 +149,6 @@ class PeftPolicyTrainer:
         # updates), computed under autocast in bf16 as the rollout engine computes it; without
         # autocast every LoRA layer would upcast its input and keep a float32 copy for backward
         self.compute_dtype = torch_dtype(dtype)
-        self.mixed_precision = self.compute_dtype != torch.float32
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.compute_dtype)
         torch.manual_seed(seed)
         self.model = get_peft_model(base, lora.peft_config()).to(self.device)
@@ -203,7 +202,8 @@ class PeftPolicyTrainer:
         mask = batch.loss_mask.to(self.device) > 0
         targets = input_ids[:, 1:][mask]
         base = self.model.get_base_model()
-        with torch.autocast(self.device.type, self.compute_dtype, enabled=self.mixed_precision):
+        mixed_precision = self.compute_dtype != torch.float32
+        with torch.autocast(self.device.type, self.compute_dtype, enabled=mixed_precision):
             if self.plain_head:
                 hidden = base.get_decoder()(
                     input_ids=input_ids, attention_mask=attention_mask, use_cache=False
