@@ -132,3 +132,42 @@ def test_install_errors_are_one_line(tmp_path, wheels, capsys):
     err = one_line_error(capsys, ["install", str(tmp_path / "nowhere"), *target])
     assert "no such batch folder" in err
     assert not (tmp_path / "site").exists()
+
+
+@pytest.mark.parametrize(
+    "name", ["../../escaped.whl", "/tmp/abs.whl", "sub/dir.whl", "..", "a\\b.whl"]
+)
+def test_manifest_names_with_a_path_are_refused_before_anything_is_written(tmp_path, capsys, name):
+    wheel = make_wheel(tmp_path / "w", "pkgz", "1.0")
+    out = tmp_path / "wh"
+    write_batches([wheel], out, batch_mib=1)
+    manifest = out / "batch-1" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace(wheel.name, name.replace("\\", "\\\\")))
+    site, stash = tmp_path / "site", tmp_path / "stash"
+    assert main(["install", str(out / "batch-1"), "--stash", str(stash), "--target", str(site)])
+    err = capsys.readouterr().err
+    assert "is not a plain file name" in err and err.count("\n") == 1
+    assert not site.exists() and not stash.exists()
+    assert not (tmp_path / "escaped.whl").exists()
+
+
+def test_a_damaged_manifest_is_named_in_one_line(tmp_path, capsys):
+    wheels = [make_wheel(tmp_path / "w", n, "1.0", {f"{n}/d": os.urandom(600_000)}) for n in "ab"]
+    out = tmp_path / "wh"
+    write_batches(wheels, out, batch_mib=1)
+    folders = sorted(out.glob("batch-*"))
+    assert len(folders) == 2
+    text = (folders[1] / "manifest.json").read_text()
+
+    (folders[1] / "manifest.json").write_text(text[: len(text) // 2])  # truncated in transit
+    assert main(["install", *map(str, folders)]) == 2
+    err = capsys.readouterr().err
+    assert f"damaged manifest {folders[1] / 'manifest.json'}" in err and err.count("\n") == 1
+
+    (folders[1] / "manifest.json").write_text('{"format": 1, "batches": 2}')
+    assert main(["install", *map(str, folders)]) == 2
+    assert "no batch count or wheel list" in capsys.readouterr().err
+
+    (folders[1] / "manifest.json").write_text("[1, 2]")
+    assert main(["install", *map(str, folders)]) == 2
+    assert "unknown manifest format None" in capsys.readouterr().err

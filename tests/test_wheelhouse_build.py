@@ -3,16 +3,14 @@ resolver and downloader, offline."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
-from tests.wheel_factory import make_wheel
+from tests.wheel_factory import make_wheel, write_sdist
 from wheelhouse.__main__ import main
 from wheelhouse.resolve import keep_constraints
 from wheelhouse.target import Target
@@ -43,8 +41,9 @@ def index(tmp_path: Path, monkeypatch) -> Path:
     # a newer torch the resolver would prefer, with a filelock cap that shows it was taken
     make_wheel(idx, "torch", "2.12.0", requires=["filelock<3.10"])
     make_wheel(idx, "nvidia-fake-cu13", "13.0.1")
-    make_wheel(idx, "filelock", "3.20.0")
-    make_wheel(idx, "filelock", "3.5.0")
+    # Stand-ins under another import name: on a build's path they must not shadow filelock.
+    for version in ("3.20.0", "3.5.0"):
+        make_wheel(idx, "filelock", version, {"filelock_standin.py": b""})
     make_wheel(idx, "Small_Thing", "1.0")
     make_wheel(idx, "helper", "1.0", requires=["nvidia-fake-cu13"])
     make_wheel(
@@ -57,28 +56,6 @@ def index(tmp_path: Path, monkeypatch) -> Path:
     make_wheel(idx, "app2", "1.0", requires=["native-src", "filelock>=3.1"])
     write_sdist(idx, "native_src", "1.0")
     return idx
-
-
-def write_sdist(folder: Path, name: str, version: str) -> Path:
-    """A real setuptools source distribution with one module, `NAME.py`."""
-    root = f"{name}-{version}"
-    files = {
-        f"{root}/pyproject.toml": (
-            '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
-            f'[project]\nname = "{name}"\nversion = "{version}"\n'
-            f'[tool.setuptools]\npy-modules = ["{name}"]\n'
-        ),
-        f"{root}/{name}.py": "BUILT_ON_THE_NODE = True\n",
-        f"{root}/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-    }
-    path = folder / f"{root}.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        for member, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(member)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
 
 
 def build(tmp_path: Path, index: Path, *argv: str, inventory: dict = NODE) -> dict:

@@ -6,6 +6,7 @@ import base64
 import csv
 import hashlib
 import io
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -44,4 +45,30 @@ def make_wheel(
         for member, data in members.items():
             zf.writestr(member, data)
         zf.writestr(f"{info}/RECORD", record.getvalue())
+    return path
+
+
+def write_sdist(folder: Path, name: str, version: str, build_imports: tuple[str, ...] = ()) -> Path:
+    """A real setuptools source distribution with one module, `NAME.py`; its `setup.py`
+    imports `build_imports` first (as Transformer Engine's extension needs its core to build)."""
+    root = f"{name}-{version}"
+    files = {
+        f"{root}/pyproject.toml": (
+            '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+            f'[project]\nname = "{name}"\nversion = "{version}"\n'
+            f'[tool.setuptools]\npy-modules = ["{name}"]\n'
+        ),
+        f"{root}/setup.py": "".join(f"import {m}\n" for m in build_imports)
+        + "from setuptools import setup\n\nsetup()\n",
+        f"{root}/{name}.py": "BUILT_ON_THE_NODE = True\n",
+        f"{root}/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{root}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for member, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     return path

@@ -4,6 +4,7 @@ against the manifest and install them all with pip. Standard library only."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,22 +12,73 @@ import tempfile
 from pathlib import Path
 
 from wheelhouse.batches import MANIFEST, MANIFEST_FORMAT, WheelhouseError, sha256
-from wheelhouse.names import normalize
+from wheelhouse.merge import merge_into
 
 
 def read_manifest(folders: list[Path]) -> dict:
-    """The manifest carried in the given batch folders (they must agree)."""
+    """The manifest carried in the given batch folders (they must agree), checked for shape and
+    for file names that could point outside the folder it is installed from."""
     found = [f / MANIFEST for f in folders if (f / MANIFEST).is_file()]
     if not found:
         names = ", ".join(str(f) for f in folders)
         raise WheelhouseError(f"no {MANIFEST} in {names}: not a wheelhouse batch")
-    texts = {p.read_text() for p in found}
-    if len(texts) > 1:
+    manifests = {}
+    for path in found:
+        manifest = _parse_manifest(path)
+        manifests[json.dumps(manifest, sort_keys=True)] = manifest
+    if len(manifests) > 1:
         raise WheelhouseError("batches come from different builds (their manifests differ)")
-    manifest = json.loads(texts.pop())
-    if manifest.get("format") != MANIFEST_FORMAT:
-        raise WheelhouseError(f"unknown manifest format {manifest.get('format')!r}")
+    return manifests.popitem()[1]
+
+
+def _parse_manifest(path: Path) -> dict:
+    """One manifest file, or one line naming what is wrong with it."""
+    damaged = f"damaged manifest {path} (copy that batch again)"
+    try:
+        manifest = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError):
+        raise WheelhouseError(f"{damaged}: not JSON") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise WheelhouseError(f"unknown manifest format {found!r} in {path}")
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise WheelhouseError(f"{damaged}: {problem}")
     return manifest
+
+
+def _manifest_problem(manifest: dict) -> str | None:
+    """What makes a parsed manifest unusable, or None."""
+    batches, wheels = manifest.get("batches"), manifest.get("wheels")
+    if not isinstance(batches, int) or not isinstance(wheels, dict):
+        return "no batch count or wheel list"
+    numbers = range(1, batches + 1)
+    for name, entry in wheels.items():
+        if not _plain_file_name(name):
+            return f"{name!r} is not a plain file name"
+        if not isinstance(entry, dict) or not isinstance(entry.get("parts"), list):
+            return f"no entry for {name}"
+        if not isinstance(entry.get("sha256"), str) or not isinstance(entry.get("size"), int):
+            return f"no checksum or size for {name}"
+        if entry.get("batch") is None and not entry["parts"]:
+            return f"{name} is in no batch"
+        if entry.get("batch") is not None and entry.get("batch") not in numbers:
+            return f"{name} is in batch {entry.get('batch')!r} of {batches}"
+        for part in entry["parts"]:
+            if not isinstance(part, dict) or not _plain_file_name(part.get("file")):
+                return f"a part of {name} has no plain file name"
+            if part.get("batch") not in numbers or not isinstance(part.get("size"), int):
+                return f"part {part['file']} has no batch or size"
+    return None
+
+
+def _plain_file_name(name: object) -> bool:
+    """A name that stays inside the folder it is joined to: no separators, `.` or `..`."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\0")
+    )
 
 
 def expected_files(manifest: dict) -> dict[str, int]:
@@ -90,57 +142,35 @@ def assemble(manifest: dict, folders: list[Path], work: Path) -> list[Path]:
     return wheels
 
 
-# Folders of a --target that several distributions write into (console scripts, headers,
-# data): merged file by file, where pip's `--upgrade --target` would replace them whole.
-SHARED_FOLDERS = frozenset({"bin", "include", "share", "etc"})
-
-
-def pip_install(wheels: list[Path], target: Path | None, staging: Path) -> None:
-    """`python -m pip install --no-index --no-deps` the wheels (and source distributions),
+def pip_install(files: list[Path], target: Path | None, staging: Path) -> None:
+    """`python -m pip install --no-index --no-deps` the wheels, then the source distributions,
     into `target` or this environment.
 
-    A target is filled through `staging`: pip installs there, then `merge_into` moves the
-    result over, so a second wheelhouse installed into the same target keeps the first one's
-    console scripts (pip's own `--upgrade --target` replaces the whole `bin` folder).
+    Source distributions build last, with `--no-build-isolation`: against the node's own
+    torch, setuptools and compilers and against the wheels just installed (Transformer
+    Engine's PyTorch extension builds against its core wheel). A target is filled through
+    `staging` and `merge.merge_into`, file by file, so wheelhouses installed one after another
+    into one target keep each other's files.
     """
-    command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet"]
-    if any(not w.name.endswith(".whl") for w in wheels):
-        # source distributions build with the node's own setuptools/torch: nothing to fetch
-        command.append("--no-build-isolation")
-    if target is not None:
-        command += ["--target", str(staging)]
-    command += [str(w) for w in wheels]
-    if subprocess.run(command, check=False).returncode != 0:
-        raise WheelhouseError(f"pip could not install the {len(wheels)} files (see above)")
-    if target is not None:
-        merge_into(staging, target)
-
-
-def merge_into(staging: Path, target: Path) -> None:
-    """Move what pip installed in `staging` into `target`: packages replace their older copies
-    (metadata of another version included), shared folders (`SHARED_FOLDERS`) gain or replace
-    single files."""
-    target.mkdir(parents=True, exist_ok=True)
-    for entry in staging.iterdir():
-        if entry.name.endswith(".dist-info"):  # an upgrade: the old version's metadata goes
-            project = normalize(entry.name.split("-")[0])
-            for old in target.glob("*.dist-info"):
-                if normalize(old.name.split("-")[0]) == project:
-                    shutil.rmtree(old)
-        dest = target / entry.name
-        if entry.name in SHARED_FOLDERS and entry.is_dir() and dest.is_dir():
-            for item in entry.rglob("*"):
-                if item.is_file() or item.is_symlink():
-                    placed = dest / item.relative_to(entry)
-                    placed.parent.mkdir(parents=True, exist_ok=True)
-                    placed.unlink(missing_ok=True)
-                    shutil.move(str(item), placed)
+    wheels = [f for f in files if f.name.endswith(".whl")]
+    sources = [f for f in files if not f.name.endswith(".whl")]
+    for group, extra in ((wheels, []), (sources, ["--no-build-isolation"])):
+        if not group:
             continue
-        if dest.is_dir() and not dest.is_symlink():
-            shutil.rmtree(dest)
-        elif dest.exists() or dest.is_symlink():
-            dest.unlink()
-        shutil.move(str(entry), dest)
+        command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet"]
+        command += extra
+        env = None
+        if target is not None:
+            command += ["--target", str(staging)]
+            paths = [str(target), os.environ.get("PYTHONPATH", "")]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+        command += [str(f) for f in group]
+        if subprocess.run(command, check=False, env=env).returncode != 0:
+            kind = "wheels" if group is wheels else "source distributions"
+            raise WheelhouseError(f"pip could not install the {len(group)} {kind} (see above)")
+        if target is not None:
+            merge_into(staging, target)
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def install(folders: list[Path], target: Path | None, stash_dir: Path | None) -> str:
