@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import tiny
+from trainer import adapter_check, tiny
 from trainer.arguments import parse_args
 from trainer.backends.base import Generation, adapter_digest
 from trainer.backends.hf_rollout import HFRolloutEngine
@@ -315,6 +315,13 @@ def test_adapter_sync_check_compares_engine_and_trainer(tiny_dirs, tmp_path, eng
     for diff, shift in pairs:
         assert diff < 1e-5 if synced else (diff > 1e-3) == (shift > 1e-3), (diff, shift)
     assert all(r["sync/ranks_off_rank0_adapter"] == 0 for r in records)
+
+    # The saved adapter carries the trainer's log-probs of the sequence; PEFT reproduces them.
+    check = adapter_check.read(loop.saved)
+    peft, without = adapter_check.peft_logprobs(loop.saved, check)
+    assert len(peft) == len(check.logprobs) > 0
+    assert adapter_check.mean_abs_diff(peft, check.logprobs) < 1e-4
+    assert adapter_check.mean_abs_diff(without, check.logprobs) > 1e-3
 
 
 def test_metrics_logger_drops_steps_a_resumed_run_repeats(tmp_path):

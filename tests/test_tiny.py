@@ -118,3 +118,23 @@ def test_an_untrained_model_earns_the_reward_now_and_then(built):
     ]
     rate = sum(rewards) / len(rewards)
     assert 0.02 < rate < 0.35
+
+
+def test_the_qwen3_4b_shape_is_qwen3_4b_with_its_whole_vocabulary():
+    """The seed recipe's model at its real size (built on the meta device: no memory)."""
+    tokenizer = tiny.build_tokenizer(tiny.SHAPES["qwen3-4b"]["vocab_size"])
+    assert len(tokenizer) == 151936
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode("say red")) == ["say", "red"]
+    model = tiny.build_model(len(tokenizer), 5, 0, seed=0, shape="qwen3-4b", device="meta")
+    assert model.config.tie_word_embeddings and model.config.num_hidden_layers == 36
+    assert sum(p.numel() for p in model.parameters()) == 4_022_468_096
+
+
+def test_length_parity_varies_with_the_response():
+    from trainer.rewards import RewardSample
+
+    rewards = [
+        tiny.length_parity(None, RewardSample("p", response, "red", {}, None))
+        for response in ("ab", "abc")
+    ]
+    assert rewards == [0.0, 1.0]

@@ -97,9 +97,22 @@ def test_arch_filter_and_profiles():
     assert not newer_arch_only("x/k_sm80.so", 90)
     assert not newer_arch_only("x/k_sm90_sm100.so", 90)
     assert not newer_arch_only("x/k_sm100.py", 90)
+    assert newer_arch_only("x/sm100/libk.so.12", 90) and newer_arch_only("x/k_sm100.fatbin", 90)
+    sources = ("cute/arch/copy_sm100.hpp", "csrc/fmha_sm100.cu", "x/k_sm100.cuh", "k_sm120.jinja")
+    for source in sources:
+        assert not newer_arch_only(f"flashinfer/data/{source}", 90), source
     assert not newer_arch_only("x/asm100.so", 90)
     with pytest.raises(WheelhouseError, match="--cuda-arch"):
         parse_arch("hopper")
     rules = rules_for(["sglang-triton"])
     assert set(rules) == set(PROFILES["sglang-triton"])
     assert "sgl_kernel/sm100/" in rules["sglang-kernel"].drop and rules["xgrammar"].strip
+
+
+def test_the_cuda_profile_keeps_what_flashinfers_jit_compile_needs():
+    """FlashInfer attention compiles its kernels on the node from its bundled CUTLASS and CCCL
+    headers; the CUDA recipe's profile drops the rest of what the Triton profile drops."""
+    triton, cuda = rules_for(["sglang-triton"]), rules_for(["sglang-cuda"])
+    assert "flashinfer/data/cutlass/" in triton["flashinfer-python"].drop
+    assert "flashinfer-python" not in cuda
+    assert {k: v for k, v in triton.items() if k != "flashinfer-python"} == cuda

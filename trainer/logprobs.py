@@ -21,6 +21,11 @@ import torch
 DEFAULT_CHUNK_ROWS = 512
 
 
+def chunk_rows_for(flag: int) -> int:
+    """Rows per chunk for ``--log-probs-chunk-size`` (-1: `DEFAULT_CHUNK_ROWS`)."""
+    return DEFAULT_CHUNK_ROWS if flag == -1 else flag
+
+
 def _scaled_logits(
     rows: torch.Tensor, weight: torch.Tensor | None, temperature: float
 ) -> torch.Tensor:

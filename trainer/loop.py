@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trainer import checkpoint
+from trainer import adapter_check, checkpoint
 from trainer.arguments import UsageError
 from trainer.backends.base import (
     ForwardOutput,
@@ -281,12 +281,26 @@ class GRPOLoop:
                 "data": self.source.state_dict(),
                 "seed": self.args.seed,
             }
-            path = checkpoint.save(Path(self.args.save), rollout_index, self.trainers.save, state)
+            path = checkpoint.save(Path(self.args.save), rollout_index, self.save_trainers, state)
         else:
             path = Path(self.args.output_dir) / "final"
-            self.trainers.save(path)
+            self.save_trainers(path)
         self.saved = path / checkpoint.ADAPTER_DIR
         return path
+
+    def save_trainers(self, path: Path) -> None:
+        """The trainers' files, and with the sync check the adapter's `adapter_check` file."""
+        self.trainers.save(path)
+        if self.sync_probe is not None and self.sync_expected is not None:
+            response = self.sync_probe.loss_mask[0] > 0
+            check = adapter_check.LogprobCheck(
+                input_ids=self.sync_probe.input_ids[0].tolist(),
+                response=response.tolist(),
+                logprobs=self.sync_expected.tolist(),
+                # the trainers' log_softmax(logits / T), as the engines define it
+                temperature=self.args.rollout_temperature or 1.0,
+            )
+            adapter_check.write(path / checkpoint.ADAPTER_DIR, check)
 
     def due(self, interval: int | None, rollout_id: int) -> bool:
         return bool(interval) and (rollout_id + 1) % interval == 0

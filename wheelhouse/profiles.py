@@ -49,7 +49,13 @@ SGLANG_TRITON: dict[str, Rule] = {
     "jedi": Rule(drop=("jedi/third_party/typeshed/", "jedi/third_party/django-stubs/")),
 }
 
-PROFILES: dict[str, dict[str, Rule]] = {"sglang-triton": SGLANG_TRITON}
+# The CUDA recipe's FlashInfer attention JIT-compiles its kernels on the node with FlashInfer's
+# bundled CUTLASS and CCCL headers: the Triton profile without that one rule.
+SGLANG_CUDA: dict[str, Rule] = {
+    name: rule for name, rule in SGLANG_TRITON.items() if name != "flashinfer-python"
+}
+
+PROFILES: dict[str, dict[str, Rule]] = {"sglang-triton": SGLANG_TRITON, "sglang-cuda": SGLANG_CUDA}
 
 
 def rules_for(profiles: list[str]) -> dict[str, Rule]:

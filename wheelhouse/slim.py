@@ -21,7 +21,10 @@ from wheelhouse.profiles import Rule
 
 _SM = re.compile(r"(?<![a-z0-9])sm_?(\d{2,3})[a-z]?(?![0-9])", re.IGNORECASE)
 _ARCH = re.compile(r"sm_?(\d{2,3})a?", re.IGNORECASE)
-_NEVER_BY_ARCH = (".py", ".pyi")
+# Only compiled device code is dropped by architecture: sources and headers (CUTLASS's
+# `cute/arch/copy_sm100.hpp` is included whatever the GPU) are what a JIT compile on the node
+# reads, and Python modules may be imported whatever the GPU.
+_BINARY = re.compile(r"\.(so|cubin|fatbin|ptx|a|o|bin)(\.\d+)*$")
 
 
 def parse_arch(text: str) -> int:
@@ -33,10 +36,10 @@ def parse_arch(text: str) -> int:
 
 
 def newer_arch_only(member: str, arch: int) -> bool:
-    """True when the member names GPU architectures and all are newer than `arch` (their code
-    cannot run there). Python sources are never dropped this way: a module may be imported
-    whatever the GPU."""
-    if member.endswith(_NEVER_BY_ARCH) or ".dist-info/" in member:
+    """True when the member is compiled code naming GPU architectures that are all newer than
+    `arch` (it cannot run there). Sources, headers and Python modules are never dropped this
+    way (see `_BINARY`)."""
+    if not _BINARY.search(member) or ".dist-info/" in member:
         return False
     found = [int(m) for m in _SM.findall(member)]
     return bool(found) and all(n > arch for n in found)

@@ -1,24 +1,36 @@
 """Live, on NVIDIA GPUs: the CUDA Qwen3-4B launcher's production job, shortened to fit.
 
-The launcher's own ``train`` (cleanup, ``ray start``, ``ray job submit -- python3 train.py``)
-runs SGLang rollout colocated with training on a locally built Qwen3 of about 0.6B parameters
-(`trainer.tiny`'s ``qwen3-0.6b`` shape, random weights) and the tiny task, for 12 rollouts:
-the adapter reaches the engine in memory after every update, and the engine's memory is
-released and resumed around training. Checked: the job exits 0; the seed's health metric
-(mean ``train_rollout_logprob_abs_diff``) is below 0.03; after each update the engine's
-log-probs of a fixed sequence match the trainer's (``--check-adapter-sync``) while the adapter
-has moved the policy by more than that; the step time splits into rollout, training and sync.
+The launcher's own ``train`` (ownership claim, token-authenticated ``ray start``, ``ray job
+submit -- python3 train.py``) runs SGLang rollout colocated with training, for each trainer
+(Megatron-Bridge, as the recipe records it, and PyTorch/PEFT) and each SGLang backend pair (the
+AMD recipe's Triton attention + Triton LoRA, the nearest stand-in for an MI355X here, and the
+CUDA recipe's FlashInfer attention + chunked-SGMV LoRA).
 
-    pytest -m cuda_gpu tests/manual/test_cuda_production.py -s
+`test_production_job_on_one_gpu`: `trainer.tiny`'s ``qwen3-0.6b`` shape (random weights) and
+the tiny task for 12 rollouts, interrupted (as Ctrl-C) once the first checkpoint is on disk and
+started again with the same ``--run-id``. Checked: the rerun resumes from that checkpoint and
+exits 0, every step is logged once; the seed's health metric (mean
+``train_rollout_logprob_abs_diff``) is below 0.03; after every update the engine serves the
+trainer's adapter (``--check-adapter-sync``) while the adapter has moved the policy by more than
+that; the adapter saved at the end, loaded into PEFT + transformers, gives the trainer's
+log-probs (`trainer.adapter_check`); the step time splits into rollout, log-probs, train,
+adapter export, adapter load and the swaps.
 
-On a node with two or more GPUs, `test_data_parallel_on_two_gpus` runs the same job with two
-training ranks (NCCL) and two colocated engines, checks that both ranks hold the same adapter
-after every update and that each engine serves it, and reports the step time against one GPU.
+`test_seed_recipe_at_qwen3_4b_size`: the seed's values (8 prompts x 8 samples, LoRA r64/a32
+on all linear layers, colocated, ``--lora-base-cpu-backup``, Triton attention and LoRA, SGLang
+memory fraction 0.4) at the seed's 8,192-token response window on a Qwen3-4B-shaped model with
+random weights (``qwen3-4b``: a random model that large almost never stops early, so every
+response is that long), for 2 rollouts; reports peak device memory and the step split.
 
-Needs Ray and SGLang (an offline node gets them from a wheelhouse: docs/offline-nodes.md). The
-trainer is Megatron-Bridge where it and Transformer Engine import, else PyTorch/PEFT. Both
-SGLang backend pairs run: the AMD recipe's (Triton attention, Triton LoRA: the nearest stand-in
-for an MI355X here) and the CUDA recipe's (FlashInfer attention, chunked-SGMV LoRA).
+    pytest -m cuda_gpu tests/manual/test_cuda_production.py -s -k "megatron and cuda-recipe"
+
+Output streams as the run goes (`tests/manual/live_run.py`); each run has a time budget and a
+failure says what it was waiting for. `test_data_parallel_on_two_gpus` runs the job with two
+training ranks (NCCL) and two colocated engines on a node with two or more GPUs.
+
+Needs Ray and SGLang; the Megatron cases also Megatron-Bridge and Transformer Engine (an offline
+node gets them from wheelhouses: docs/offline-nodes.md). A case whose stack is missing skips
+with the reason.
 """
 
 from __future__ import annotations
@@ -27,36 +39,50 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
 
 from harness.hardware import match_hardware
 from harness.host import CHECKOUT, detect_gpus
+from tests.manual.live_run import run_streaming
+from trainer import adapter_check, checkpoint
 from trainer.metrics import METRICS_FILE, read_metrics
 
 ROLLOUTS = 12
+SAVE_INTERVAL = 4
 LOGPROB_DIFF_LIMIT = 0.03  # the seed's threshold for train_rollout_logprob_abs_diff
 BACKENDS = {"amd-triton": ("triton", "triton"), "cuda-recipe": ("flashinfer", "csgmv")}
-BREAKDOWN = ("rollout", "logprobs", "train", "export_adapter", "load_adapter", "step")
+TRAINERS = ("megatron", "torch")
+SWAPS = (
+    "trainer_release_memory", "engine_resume_memory", "engine_release_memory",
+    "trainer_resume_memory",
+)  # fmt: skip
+BREAKDOWN = ("rollout", "logprobs", "train", "export_adapter", "load_adapter", *SWAPS, "step")
 
 
-def _train_backend() -> str:
-    bridge = importlib.util.find_spec("megatron") and importlib.util.find_spec("megatron.bridge")
-    if bridge and importlib.util.find_spec("transformer_engine"):
-        return "megatron"
-    print("Megatron-Bridge or Transformer Engine is not importable: PyTorch/PEFT trains")
-    return "torch"
+def _micro_batches(train_backend: str, gpus: int) -> list[str]:
+    """Megatron packs rows under a token budget; PEFT counts rows (64 samples per update)."""
+    if train_backend == "megatron":
+        return ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "16384"]
+    return ["--micro-batch-size", str(32 // gpus)]
 
 
-def _skip_without_production_stack(gpus: int) -> str:
-    """The GPU model's registry name; skips where Ray, SGLang or `gpus` NVIDIA GPUs are missing."""
-    for module in ("ray", "sglang"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"{module} is not installed")
+def _skip_without_production_stack(gpus: int, train_backend: str) -> str:
+    """The GPU model's registry name; skips where the stack or `gpus` NVIDIA GPUs are missing."""
+    needed = ["ray", "sglang"]
+    if train_backend == "megatron":
+        needed += ["megatron.core", "megatron.bridge", "transformer_engine"]
+    for module in needed:
+        try:
+            found = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            found = None
+        if found is None:
+            pytest.skip(f"{module} is not installed ({train_backend} trainer)")
     found = match_hardware(detect_gpus() or "")
     if found is None or found.vendor != "nvidia":
         pytest.skip(f"needs an NVIDIA GPU the registry knows, found {found or 'no GPU'}")
@@ -67,86 +93,232 @@ def _skip_without_production_stack(gpus: int) -> str:
     return found.name
 
 
+class PeakGpuMemory:
+    """The highest memory in use on the node's GPUs while it runs (nvidia-smi every second):
+    every process's, the engines' included."""
+
+    def __init__(self) -> None:
+        self.peak_mib = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        import subprocess
+
+        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+        while not self._done.wait(1.0):
+            done = subprocess.run(query, capture_output=True, text=True, check=False)
+            used = [int(v) for v in done.stdout.split() if v.isdigit()]
+            self.peak_mib = max([self.peak_mib, *used])
+
+    def __enter__(self) -> PeakGpuMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def _launcher_command(
+    tmp_path: Path,
+    hardware: str,
+    model: Path,
+    *,
+    gpus: int,
+    run_id: str,
+    launcher_flags: list[str],
+    extra: list[str],
+) -> list[str]:
+    return [
+        sys.executable, "-m", "launchers.run_qwen3_4b_lora", "train",
+        "--hardware", hardware, "--num-gpus-per-node", str(gpus),
+        "--model-dir", str(model.parent), "--model-name", model.name,
+        "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
+        "--run-id", run_id, "--no-enable-eval", "--wandb-mode", "disabled",
+        "--extra-env", "NCCL_NVLS_ENABLE=0", *launcher_flags, "--extra-args", " ".join(extra),
+    ]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rt", dir="/tmp")}
+
+
+def _step_split(records: list[dict]) -> dict[str, float]:
+    """Median seconds of each phase over the steps after the first (compiles, warm-up)."""
+    later = records[1:] or records
+    return {
+        name: statistics.median(r[f"time/{name}"] for r in later if f"time/{name}" in r)
+        for name in BREAKDOWN
+        if any(f"time/{name}" in r for r in later)
+    }
+
+
 def _run_job(
-    tmp_path: Path, hardware: str, *, gpus: int, backends: str, rollouts: int
+    tmp_path: Path, hardware: str, *, gpus: int, train_backend: str, backends: str, rollouts: int
 ) -> tuple[list[dict], dict]:
-    """The launcher's live train on `gpus` GPUs; returns the metrics and a report."""
+    """The launcher's live train on `gpus` GPUs, interrupted after its first checkpoint and
+    resumed; returns the metrics and a report."""
     from trainer import tiny
 
     model = tmp_path / "models" / "qwen3-0.6b-tiny-task"
-    data = tmp_path / "data" / "tiny-task"
     if not model.is_dir():
-        tiny.build(model, data, seed=0, shape="qwen3-0.6b")
+        tiny.build(model, tmp_path / "data", seed=0, shape="qwen3-0.6b", device="cuda")
     attention, lora = BACKENDS[backends]
-    train_backend = _train_backend()
     extra = [
-        "--prompt-data", str(data / "train.jsonl"), "--rm-type", "tiny",
+        "--prompt-data", str(tmp_path / "data" / "train.jsonl"), "--rm-type", "tiny",
         "--train-backend", train_backend, "--sglang-attention-backend", attention,
-        "--sglang-lora-backend", lora, "--check-adapter-sync", "--save-interval", "1000",
+        "--sglang-lora-backend", lora, "--check-adapter-sync",
         # A short run: no prefill CUDA graphs (80 s of capture at start-up on an H200).
-        "--sglang-disable-prefill-cuda-graph",
+        "--sglang-disable-prefill-cuda-graph", *_micro_batches(train_backend, gpus),
     ]  # fmt: skip
-    if train_backend == "torch":  # PEFT packs micro-batches by count (Megatron by tokens)
-        extra += ["--micro-batch-size", str(32 // gpus)]
-    run_id = f"{backends}-{gpus}gpu"
-    command = [
-        sys.executable, "-m", "launchers.run_qwen3_4b_lora", "train",
-        "--hardware", hardware, "--num-gpus-per-node", str(gpus),
-        "--model-dir", str(tmp_path / "models"), "--model-name", model.name,
-        "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
-        "--run-id", run_id, "--num-rollout", str(rollouts),
-        "--rollout-max-response-len", "64", "--lr", "1e-4", "--no-enable-eval",
-        "--wandb-mode", "disabled", "--extra-env", "NCCL_NVLS_ENABLE=0",
-        "--extra-args", " ".join(extra),
+    run_id = f"{train_backend}-{backends}-{gpus}gpu"
+    flags = [
+        "--num-rollout", str(rollouts), "--save-interval", str(SAVE_INTERVAL),
+        "--rollout-max-response-len", "64", "--lr", "1e-4",
     ]  # fmt: skip
-    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rt", dir="/tmp")}
-    done = subprocess.run(command, cwd=CHECKOUT, env=env, capture_output=True, text=True)
-    print(done.stdout[-8000:], done.stderr[-4000:], sep="\n")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert f"{gpus} training rank(s), {gpus} sglang engine(s), colocated" in done.stdout
+    command = _launcher_command(
+        tmp_path, hardware, model, gpus=gpus, run_id=run_id, launcher_flags=flags, extra=extra
+    )
+    run_dir = tmp_path / "outputs" / run_id
+    saved = run_dir / "checkpoints"
 
-    records = read_metrics(tmp_path / "outputs" / run_id / METRICS_FILE)
-    assert len(records) == rollouts
+    def checkpointed() -> bool:
+        return (checkpoint.latest_iteration(saved) or 0) >= SAVE_INTERVAL
+
+    log = tmp_path / f"{run_id}.log"
+    first = run_streaming(
+        command, label=f"{run_id} (first run)", budget_s=1200, cwd=CHECKOUT, env=_env(),
+        log=log, interrupt_when=checkpointed,
+    )  # fmt: skip
+    assert first.interrupted, f"the first run ended ({first.returncode}) before its checkpoint"
+    assert first.returncode == 130, first.output[-3000:]
+    killed_at = checkpoint.latest_iteration(saved)
+    assert killed_at is not None and killed_at < rollouts
+
+    second = run_streaming(
+        command, label=f"{run_id} (resumed)", budget_s=1200, cwd=CHECKOUT, env=_env(), log=log
+    )
+    assert second.returncode == 0, second.output[-3000:]
+    assert f"{gpus} training rank(s), {gpus} sglang engine(s), colocated" in second.output
+    resumed = f"resumed from {checkpoint.iter_dir(saved, killed_at)}"
+    assert f"{resumed} (next rollout {killed_at + 1}/{rollouts})" in second.output
+
+    records = read_metrics(run_dir / METRICS_FILE)
+    assert [r["step"] for r in records] == list(range(rollouts))  # none lost, none repeated
+
+    final = checkpoint.iter_dir(saved, rollouts) / checkpoint.ADAPTER_DIR
+    check = adapter_check.read(final)
+    peft, without = adapter_check.peft_logprobs(final, check, device="cuda", dtype="bf16")
     report = {
+        "train_backend": train_backend,
         "backends": backends,
         "gpus": gpus,
+        "resumed_from": killed_at,
         "train_rollout_logprob_abs_diff_mean": statistics.mean(
             r["train/train_rollout_logprob_abs_diff"] for r in records
         ),
         "sync_diff_max": max(r["sync/engine_trainer_logprob_abs_diff"] for r in records[1:]),
         "adapter_shift_max": max(r["sync/adapter_shift"] for r in records[:-1]),
         "ranks_off_rank0_adapter": max(r["sync/ranks_off_rank0_adapter"] for r in records),
+        "peft_vs_trainer": adapter_check.mean_abs_diff(peft, check.logprobs),
+        "peft_adapter_shift": adapter_check.mean_abs_diff(peft, without),
+        "skipped_steps": sum(r.get("train/skipped_step", 0.0) for r in records),
         "reward_first3": statistics.mean(r["rollout/reward_mean"] for r in records[:3]),
         "reward_last3": statistics.mean(r["rollout/reward_mean"] for r in records[-3:]),
-        "median_s": {
-            name: statistics.median(r[f"time/{name}"] for r in records[1:] if f"time/{name}" in r)
-            for name in BREAKDOWN
-        },
+        "median_s": _step_split(records),
     }
-    print("RESULT " + json.dumps(report, sort_keys=True))
+    print("RESULT " + json.dumps(report, sort_keys=True), flush=True)
     assert report["train_rollout_logprob_abs_diff_mean"] < LOGPROB_DIFF_LIMIT, report
     assert report["sync_diff_max"] < LOGPROB_DIFF_LIMIT, report  # every engine, every update
     assert report["adapter_shift_max"] > 2 * LOGPROB_DIFF_LIMIT, report  # stale would show
     assert report["ranks_off_rank0_adapter"] == 0, report
+    assert report["peft_vs_trainer"] < LOGPROB_DIFF_LIMIT, report
+    assert report["peft_adapter_shift"] > 2 * LOGPROB_DIFF_LIMIT, report
+    assert report["skipped_steps"] == 0, report
     return records, report
 
 
 @pytest.mark.cuda_gpu
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(3000)
 @pytest.mark.parametrize("backends", list(BACKENDS))
-def test_production_job_on_one_gpu(tmp_path: Path, backends: str) -> None:
-    hardware = _skip_without_production_stack(1)
-    _run_job(tmp_path, hardware, gpus=1, backends=backends, rollouts=ROLLOUTS)
+@pytest.mark.parametrize("train_backend", TRAINERS)
+def test_production_job_on_one_gpu(tmp_path: Path, train_backend: str, backends: str) -> None:
+    hardware = _skip_without_production_stack(1, train_backend)
+    _run_job(
+        tmp_path, hardware, gpus=1, train_backend=train_backend, backends=backends,
+        rollouts=ROLLOUTS,
+    )  # fmt: skip
+
+
+# What fits the seed's 8,192-token responses on one GPU next to SGLang's 0.4: Megatron packs
+# rows under a token budget (one response per micro-batch) and recomputes each layer's
+# activations in backward; PEFT takes one row per micro-batch with gradient checkpointing.
+SEED_SIZE_TRAINING = {
+    "megatron": [
+        "--use-dynamic-batch-size", "--max-tokens-per-gpu", "9216",
+        "--recompute-granularity", "full", "--recompute-method", "uniform",
+        "--recompute-num-layers", "1",
+    ],
+    "torch": ["--micro-batch-size", "1", "--gradient-checkpointing"],
+}  # fmt: skip
 
 
 @pytest.mark.cuda_gpu
-@pytest.mark.timeout(2400)
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("train_backend", TRAINERS)
+def test_seed_recipe_at_qwen3_4b_size(tmp_path: Path, train_backend: str) -> None:
+    from trainer import tiny
+
+    hardware = _skip_without_production_stack(1, train_backend)
+    model = tmp_path / "models" / "qwen3-4b-random"
+    tiny.build(model, tmp_path / "data", seed=0, shape="qwen3-4b", device="cuda")
+    extra = [
+        "--prompt-data", str(tmp_path / "data" / "train.jsonl"),
+        "--custom-rm-path", "trainer.tiny.length_parity", "--train-backend", train_backend,
+        "--sglang-attention-backend", "triton", "--sglang-lora-backend", "triton",
+        *SEED_SIZE_TRAINING[train_backend],
+    ]  # fmt: skip
+    run_id = f"seed-size-{train_backend}"
+    command = _launcher_command(
+        tmp_path, hardware, model, gpus=1, run_id=run_id,
+        launcher_flags=["--num-rollout", "2", "--save-interval", "2"], extra=extra,
+    )  # fmt: skip
+    with PeakGpuMemory() as memory:
+        done = run_streaming(
+            command, label=run_id, budget_s=3000, cwd=CHECKOUT, env=_env(),
+            log=tmp_path / f"{run_id}.log",
+        )  # fmt: skip
+    assert done.returncode == 0, done.output[-3000:]
+    records = read_metrics(tmp_path / "outputs" / run_id / METRICS_FILE)
+    assert len(records) == 2
+    report = {
+        "train_backend": train_backend,
+        "peak_gpu_memory_gib": round(memory.peak_mib / 1024, 1),
+        "response_len_mean": statistics.mean(r["rollout/response_len_mean"] for r in records),
+        "train_rollout_logprob_abs_diff": [
+            r["train/train_rollout_logprob_abs_diff"] for r in records
+        ],
+        "step_s": [
+            {name: r[f"time/{name}"] for name in BREAKDOWN if f"time/{name}" in r} for r in records
+        ],
+    }
+    print("RESULT " + json.dumps(report, sort_keys=True), flush=True)
+    assert report["response_len_mean"] > 8000, report  # the seed's window, really used
+
+
+@pytest.mark.cuda_gpu
+@pytest.mark.timeout(3600)
 def test_data_parallel_on_two_gpus(tmp_path: Path) -> None:
     """Two ranks over NCCL and two engines against the same job on one GPU: the same global
     batch, so the ideal step time halves (efficiency = one-GPU step / (2 x two-GPU step))."""
-    hardware = _skip_without_production_stack(2)
-    _, one = _run_job(tmp_path, hardware, gpus=1, backends="amd-triton", rollouts=6)
-    _, two = _run_job(tmp_path, hardware, gpus=2, backends="amd-triton", rollouts=6)
+    hardware = _skip_without_production_stack(2, "torch")
+    _, one = _run_job(
+        tmp_path, hardware, gpus=1, train_backend="torch", backends="amd-triton", rollouts=6
+    )
+    _, two = _run_job(
+        tmp_path, hardware, gpus=2, train_backend="torch", backends="amd-triton", rollouts=6
+    )
     single, double = one["median_s"]["step"], two["median_s"]["step"]
     print(
         f"SCALING step {single:.2f} s on 1 GPU, {double:.2f} s on 2 GPUs: "

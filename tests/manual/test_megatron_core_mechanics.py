@@ -37,6 +37,8 @@ ARGV = [
     "--lora-alpha", str(ALPHA), "--rollout-temperature", str(TEMPERATURE), "--lr", "0",
     "--micro-batch-size", "2", "--megatron-to-hf-mode", "raw", "--lora-base-cpu-backup",
     "--rollout-batch-size", "2", "--n-samples-per-prompt", "3", "--global-batch-size", "6",
+    # Chunks of 5 rows: every batch below spans several (the log-probs never see whole logits).
+    "--log-probs-chunk-size", "5", "--eps-clip", "0.2", "--eps-clip-high", "0.28",
 ]  # fmt: skip
 
 
@@ -214,9 +216,9 @@ def _mechanics(built) -> LoraAdapter:
     for i, mb in enumerate(micro):
         mb.advantages = torch.tensor([[1.0], [-0.5]]) * (i + 1)
         mb.old_logprobs = trainer.forward(mb, with_adapter=True).logprobs + 0.05
+    # The loss aggregation is train.py's default for this argv (as the loop builds it).
     loss_fn = GRPOLoss(
-        GRPOConfig(eps_clip=0.2, eps_clip_high=0.28),
-        Normalizer.from_masks(m.loss_mask for m in micro),
+        GRPOConfig.from_args(trainer.args), Normalizer.from_masks(m.loss_mask for m in micro)
     )
     reference.train()
     for p in reference.parameters():
@@ -238,6 +240,7 @@ def _mechanics(built) -> LoraAdapter:
         result = trainer.train_step(micro, loss_fn)
         assert result.grad_norm == pytest.approx(expected, rel=grad_rel), dynamic_batching
         assert {"pg_loss", "pg_clipfrac", "lr"} <= set(result.metrics)
+        assert result.metrics["skipped_step"] == 0.0
 
     exported = trainer.export_adapter()
     assert len(exported.tensors) == LAYERS * 7 * 2

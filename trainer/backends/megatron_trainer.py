@@ -125,9 +125,12 @@ class MegatronPolicyTrainer:
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.utils import get_model_config
 
+        from trainer.logprobs import chunk_rows_for
+
         self.args = args
         self.device = torch.device("cuda", gpu_index(device))
         self.temperature = args.rollout_temperature if args.rollout_temperature > 0 else 1.0
+        self.logprob_chunk_rows = chunk_rows_for(args.log_probs_chunk_size)
         self.targets = names.resolve_targets(args.target_modules, args.exclude_modules)
         self.model = parts.model
         self.optimizer = parts.optimizer
@@ -206,6 +209,8 @@ class MegatronPolicyTrainer:
             for key, value in out["metrics"].items():
                 metrics[key] = metrics.get(key, 0.0) + float(value)
         metrics["lr"] = lr
+        # Megatron skips an update whose gradients are not finite (as the PEFT trainer does).
+        metrics["skipped_step"] = float(not updated)
         # Megatron reports no norm for a skipped update (non-finite gradients).
         return StepResult(
             grad_norm=math.nan if grad_norm is None else float(grad_norm), metrics=metrics
@@ -277,18 +282,16 @@ class MegatronPolicyTrainer:
         output: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         import torch
-        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-        logits = output.float() / self.temperature
-        entropy = None
-        if with_entropy:
-            needs_grad = loss_fn is not None and bool(self.args.entropy_coef)
-            with torch.set_grad_enabled(needs_grad and torch.is_grad_enabled()):
-                entropy = self._entropy(logits)
-        # vocab_parallel_cross_entropy shifts its input in place: give it a copy when the
-        # entropy's graph still needs the logits.
-        ce_input = logits.clone() if entropy is not None and entropy.requires_grad else logits
-        logprobs = -vocab_parallel_cross_entropy(ce_input, item.labels)
+        entropy_grad = loss_fn is not None and bool(self.args.entropy_coef)
+        if self.ps.get_tensor_model_parallel_world_size() == 1:
+            logprobs, entropy = self._chunked_logprobs(
+                output, item.labels, with_entropy, entropy_grad
+            )
+        else:
+            logprobs, entropy = self._vocab_parallel_logprobs(
+                output, item.labels, with_entropy, entropy_grad
+            )
         width = item.batch.input_ids.shape[1] - 1
         logprobs = self._gather_sequence(logprobs, item)[:, :width]
         if entropy is not None:
@@ -303,6 +306,48 @@ class MegatronPolicyTrainer:
         # is already scaled for accumulation, and CP ranks each hold the full (gathered) loss.
         cp = self.ps.get_context_parallel_world_size()
         return loss * count / cp, {"metrics": metrics}
+
+    def _chunked_logprobs(
+        self, output: torch.Tensor, labels: torch.Tensor, with_entropy: bool, entropy_grad: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One rank holds the whole vocabulary: `trainer.logprobs` upcasts and reduces
+        ``--log-probs-chunk-size`` rows of the ``[batch, seq, vocab]`` logits at a time, so no
+        float32 copy of them exists (5 GB per 8,192-token row with Qwen's vocabulary)."""
+        import torch
+
+        from trainer.logprobs import token_logprobs
+
+        rows, seq, vocab = output.shape
+        logprobs, entropy = token_logprobs(
+            output.reshape(rows * seq, vocab),
+            labels.reshape(rows * seq),
+            temperature=self.temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad and torch.is_grad_enabled(),
+            chunk_rows=self.logprob_chunk_rows,
+        )
+        return (
+            logprobs.view(rows, seq),
+            None if entropy is None else entropy.view(rows, seq),
+        )
+
+    def _vocab_parallel_logprobs(
+        self, output: torch.Tensor, labels: torch.Tensor, with_entropy: bool, entropy_grad: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tensor parallelism splits the vocabulary over ranks: Megatron's vocab-parallel
+        cross entropy, and the entropy reduced over the tensor-parallel group."""
+        import torch
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+        logits = output.float() / self.temperature
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = self._entropy(logits)
+        # vocab_parallel_cross_entropy shifts its input in place: give it a copy when the
+        # entropy's graph still needs the logits.
+        ce_input = logits.clone() if entropy is not None and entropy.requires_grad else logits
+        return -vocab_parallel_cross_entropy(ce_input, labels), entropy
 
     def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
         """Entropy of softmax(logits) when the vocabulary is split over tensor-parallel ranks."""

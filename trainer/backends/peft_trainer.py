@@ -136,14 +136,12 @@ class PeftPolicyTrainer:
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
 
-        from trainer.logprobs import DEFAULT_CHUNK_ROWS
+        from trainer.logprobs import chunk_rows_for
 
         self.device = torch.device(device)
         self.temperature = temperature if temperature > 0 else 1.0
         self.entropy_grad = entropy_grad
-        self.logprob_chunk_rows = (
-            DEFAULT_CHUNK_ROWS if logprob_chunk_rows == -1 else logprob_chunk_rows
-        )
+        self.logprob_chunk_rows = chunk_rows_for(logprob_chunk_rows)
         self.optim_settings = optim
         # bf16: the base in bf16 and the adapter in float32 (PEFT's master copy, which Adam
         # updates), computed under autocast in bf16 as the rollout engine computes it; without

@@ -1,0 +1,109 @@
+"""A launcher run inside a manual GPU test: its output streams as it comes, under a time budget.
+
+A slow or stuck GPU run must show where it is: every line the launcher (and the job it
+submitted) prints goes to the console at once (`pytest -s` shows it live) and into the run's
+log. The budget ends a run that takes too long with the launcher's own interrupt (SIGINT, as
+Ctrl-C: it stops the job and releases its Ray) and fails the test naming what the run was
+waiting for: its last line and how long ago it came. `interrupt_when` stops a run early the same
+way once a condition holds (a checkpoint on disk, for a resume test).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+GRACE_S = 90  # after SIGINT: time to stop the job and Ray before SIGKILL
+
+
+@dataclass(frozen=True)
+class Finished:
+    returncode: int
+    output: str
+    interrupted: bool  # stopped by `interrupt_when`
+
+
+class _Tail:
+    """Lines as they arrive, with the time of the last one."""
+
+    def __init__(self, log: Path) -> None:
+        self.lines: list[str] = []
+        self.last_at = time.monotonic()
+        self.log = log.open("a", encoding="utf-8")
+
+    def follow(self, stream) -> None:
+        for line in stream:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            self.log.write(line)
+            self.log.flush()
+            self.lines.append(line)
+            self.last_at = time.monotonic()
+
+    def waiting_for(self) -> str:
+        last = next((line.strip() for line in reversed(self.lines) if line.strip()), "")
+        ago = time.monotonic() - self.last_at
+        return f"its last line, {ago:.0f} s ago: {last[-300:]!r}" if last else "any output"
+
+
+def run_streaming(
+    command: Sequence[str],
+    *,
+    label: str,
+    budget_s: float,
+    cwd: Path,
+    env: dict[str, str],
+    log: Path,
+    interrupt_when: Callable[[], bool] | None = None,
+) -> Finished:
+    """Run `command` (its output streamed and kept in `log`); fail the test when it outlasts
+    `budget_s`, saying what it was waiting for."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: the interrupt reaches all of it
+    )
+    tail = _Tail(log)
+    reader = threading.Thread(target=tail.follow, args=(process.stdout,), daemon=True)
+    reader.start()
+    interrupted = False
+    while process.poll() is None:
+        if time.monotonic() - started > budget_s:
+            waiting = tail.waiting_for()
+            _stop(process)
+            reader.join(timeout=5)
+            pytest.fail(
+                f"{label}: its time budget of {budget_s:.0f} s ran out while waiting for "
+                f"{waiting} (whole log: {log})"
+            )
+        if interrupt_when is not None and not interrupted and interrupt_when():
+            interrupted = True
+            _stop(process)
+        time.sleep(1)
+    reader.join(timeout=30)
+    tail.log.close()
+    return Finished(process.returncode, "".join(tail.lines), interrupted)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGINT to the launcher (its Ctrl-C path), SIGKILL to the group after `GRACE_S`."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
