@@ -158,6 +158,10 @@ def test_undeclared_sglang_flags_are_collected() -> None:
         ("--sglang-lora-backend triton", "--sglang-lora-backend needs --rollout-backend"),
         ("--sglang-foo 1", "--sglang-foo needs --rollout-backend sglang"),
         ("--use-dynamic-batch-size", "--use-dynamic-batch-size needs --max-tokens-per-gpu"),
+        (
+            "--recompute-granularity full",
+            "--recompute-granularity full needs --recompute-method and --recompute-num-layers",
+        ),
         ("--colocate --rollout-num-gpus 2", "--colocate shares the actor's 1 GPU(s)"),
         ("--device cpu --train-backend megatron", "--device cpu works only with"),
         ("--min-lr 1 --lr 0.1", "--min-lr (1.0) must not exceed --lr (0.1)"),

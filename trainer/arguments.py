@@ -783,6 +783,11 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
         yield "--recompute-method needs --recompute-granularity full"
     if args.recompute_num_layers is not None and args.recompute_method is None:
         yield "--recompute-num-layers needs --recompute-method"
+    if args.recompute_granularity == "full" and None in (
+        args.recompute_method,
+        args.recompute_num_layers,
+    ):
+        yield "--recompute-granularity full needs --recompute-method and --recompute-num-layers"
 
     if args.device == "cpu" and (
         args.train_backend == "megatron" or args.rollout_backend == "sglang"

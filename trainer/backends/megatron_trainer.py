@@ -94,6 +94,7 @@ def build_parts(args: argparse.Namespace, total_steps: int) -> MegatronParts:
     for key, value in mc.provider_settings(args).items():
         setattr(provider, key, value)
     provider.bf16 = dtype == torch.bfloat16
+    provider.fp16 = False  # an fp16 checkpoint's config would otherwise claim both
     provider.params_dtype = dtype
     provider.pipeline_dtype = dtype
     provider.finalize()
@@ -395,11 +396,18 @@ class MegatronPolicyTrainer:
         if self.args.megatron_to_hf_mode == "bridge":
             if self.bridge is None:
                 raise RuntimeError("--megatron-to-hf-mode bridge needs the model built by Bridge")
-            exported = self.bridge.export_adapter_weights(self.model, cpu=True, show_progress=False)
+            import torch
+
             tensors = {}
-            for name, tensor in exported:
-                names.parse_peft_key(name)
-                tensors[names.PEFT_PREFIX + name.removeprefix(names.PEFT_PREFIX)] = tensor
+            # Bridge yields q/k/v's (and gate/up's) shared lora_A as one tensor several times, and
+            # with TP = 1 the live parameters: own copies, or safetensors refuses shared memory.
+            with torch.no_grad():
+                for name, tensor in self.bridge.export_adapter_weights(
+                    self.model, cpu=True, show_progress=False
+                ):
+                    names.parse_peft_key(name)
+                    key = names.PEFT_PREFIX + name.removeprefix(names.PEFT_PREFIX)
+                    tensors[key] = tensor.detach().contiguous().clone()
         else:
             tensors = names.megatron_to_peft(self._gather_adapter(), self.attention)
         config = names.peft_config(
