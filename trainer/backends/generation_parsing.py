@@ -105,5 +105,9 @@ def parse_input_logprobs(token_ids: Sequence[int], output: Mapping[str, Any]) ->
         )
     for position, (entry, token) in enumerate(zip(entries, token_ids, strict=True)):
         if len(entry) < 2 or int(entry[1]) != token or (position and entry[0] is None):
-            raise GenerationError(f"malformed input logprob entry {position}: {entry!r}")
+            raise GenerationError(
+                f"malformed input logprob entry {position}: {entry!r} (the input has token "
+                f"{token} there; entries {position - 2}..{position + 2}: "
+                f"{[tuple(e[:2]) for e in entries[max(position - 2, 0) : position + 3]]})"
+            )
     return [float(entry[0]) for entry in entries[1:]]
