@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.arguments import UsageError, parse_args_or_exit, resolved_config
+from trainer.arguments import PROG, UsageError, parse_args_or_exit, resolved_config
 
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 1
@@ -82,6 +82,7 @@ def check_inputs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     the rollout source and the eval sets. Raises `UsageError` or `CheckpointError`."""
     from trainer import checkpoint, file_checks
     from trainer.data import eval_sets_from_args, rollout_source_from_args
+    from trainer.metrics import METRICS_FILE, torn_tail
 
     model = Path(args.hf_checkpoint)
     if not model.is_dir():
@@ -100,6 +101,8 @@ def check_inputs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     for flag, value in (("--output-dir", args.output_dir), ("--save", args.save)):
         if value and (problem := file_checks.writable_dir_problem(Path(value))):
             raise UsageError(f"{flag} {value}: {problem}")
+    if resumes is not None and (note := torn_tail(Path(args.output_dir) / METRICS_FILE)):
+        print(f"{PROG}: {note}", flush=True)
     return tokenizer, source, eval_sets
 
 
