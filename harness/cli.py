@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import typer
 
-from harness.context import Plan, build_plan
+from harness.context import Plan, build_plan, check_local_outputs
 from harness.errors import LaunchError, Terminated
 from harness.host import HostView, local_host
 from harness.launcher import Launcher, flag
@@ -37,8 +37,8 @@ def run(
 ) -> int:
     """Parse `argv`, build and validate the plan, then print it (``--dry-run``) or run it live.
 
-    Returns the exit status. `live` (default: `harness.live.execute_plan`) and `host` are
-    parameters so tests can choose the runner and the host view explicitly.
+    Returns the exit status. `live` (default: `run_live`) and `host` are parameters so tests
+    can choose the runner and the host view explicitly.
     """
     prog = f"python -m {launcher.module}"
     command = typer.main.get_command(build_app(launcher, live, host))
@@ -128,9 +128,7 @@ def _entrypoint_command(
         if dry_run:
             sys.stdout.write(recording_of(plan).text)
             return 0
-        runner = live
-        if runner is None:  # live mode's imports (psutil, Ray) only where it runs
-            from harness.live import execute_plan as runner
+        runner = live or run_live
         try:
             return runner(plan)
         except Terminated:
@@ -142,6 +140,14 @@ def _entrypoint_command(
     command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in parameters}
     return command
+
+
+def run_live(plan: Plan) -> int:
+    """The live runner: check what this host must allow, then run the plan's steps."""
+    from harness.live import execute_plan  # live mode's imports (psutil, Ray) only here
+
+    check_local_outputs(plan)
+    return execute_plan(plan)
 
 
 _DRY_RUN = inspect.Parameter(

@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from harness.errors import LaunchError
 from harness.hardware import Hardware, get_hardware, match_hardware
 from harness.host import HostView, record_host
 from harness.launcher import Launcher, LauncherArgs, path_fields
-from harness.steps import Step, train_py_argv
+from harness.steps import RayJobSubmit, Shell, Step, train_py_argv
 
 
 @dataclass
@@ -142,6 +143,26 @@ def build_plan(
     declared = args.hardware if args and args.hardware != "auto" else launcher.recorded_hardware
     hardware = ctx.hardware or get_hardware(declared)
     return Plan(launcher, function.__name__, hardware, host, tuple(ctx.steps), tuple(ctx.notes))
+
+
+def check_local_outputs(plan: Plan) -> None:
+    """Before a live plan runs anything: the directories that a train.py of this node will
+    write (its ``--output-dir`` and ``--save``) can be made and written. A job for a cluster
+    at an address runs on that cluster's nodes, which this host cannot check."""
+    from trainer.arguments import parse_args
+    from trainer.file_checks import writable_dir_problem
+
+    for step in plan.steps:
+        argv = train_py_argv(step)
+        here = isinstance(step, Shell) or (
+            isinstance(step, RayJobSubmit) and step.auth_token_path is not None
+        )
+        if argv is None or not here:
+            continue
+        args = parse_args(argv)
+        for flag, value in (("--output-dir", args.output_dir), ("--save", args.save)):
+            if value and (problem := writable_dir_problem(Path(plan.host.path(value)))):
+                raise LaunchError(f"train.py {flag} {value}: {problem}")
 
 
 def check_train_argv(steps: Sequence[Step], where: str) -> None:

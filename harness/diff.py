@@ -12,15 +12,19 @@ reported as a mere difference).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
 import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NoReturn
@@ -331,17 +335,20 @@ def record_checkout(tree: Path, what: str) -> Recordings:
 
 
 def record_revision(repo: Path, rev: str) -> Recordings:
-    """Record `rev` in a temporary detached worktree, removed again whatever happens."""
+    """Record `rev` in a temporary detached worktree, removed again whatever happens (SIGTERM
+    and SIGHUP included: `main` turns them into an exception that unwinds to here)."""
     sha = resolve_revision(repo, rev)
-    with tempfile.TemporaryDirectory(prefix="launcher-diff-") as tmp:
-        tree = Path(tmp) / "base"
+    tmp = tempfile.mkdtemp(prefix="launcher-diff-")
+    tree = Path(tmp) / "base"
+    try:
         added = _git(repo, "worktree", "add", "--detach", "--quiet", str(tree), sha)
         if added.returncode != 0:
             raise DiffError(f"cannot check out {rev}: {added.stderr.strip()}")
-        try:
-            return record_checkout(tree, rev)
-        finally:
+        return record_checkout(tree, rev)
+    finally:
+        with _signals_deferred():
             _git(repo, "worktree", "remove", "--force", str(tree))
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def record_working_tree(root: Path) -> Recordings:
@@ -360,6 +367,34 @@ def record_working_tree(root: Path) -> Recordings:
     return json.loads(json.dumps(recordings))
 
 
+_STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGHUP ended the diff (after its cleanup); exit status 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Within: SIGTERM and SIGHUP wait (so a cleanup runs to its end); then they are handled."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPPING_SIGNALS)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -370,12 +405,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base", required=True, help="git revision to compare with")
     parser.add_argument("--format", choices=("text", "markdown"), default="text")
     options = parser.parse_args(argv)
+    previous = {signum: signal.signal(signum, _raise_stopped) for signum in _STOPPING_SIGNALS}
     try:
         root = repo_root(Path.cwd())
         base = record_revision(root, options.base)
         head = record_working_tree(root)
     except DiffError as err:
         parser.error(str(err))
+    except Stopped as stopped:
+        print(f"{parser.prog}: error: stopped by {stopped}", file=sys.stderr)
+        return 128 + stopped.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     diffs = diff_recordings(base, head)
     render = format_markdown if options.format == "markdown" else format_text
     sys.stdout.write(render(diffs, options.base))

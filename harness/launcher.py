@@ -8,6 +8,7 @@ A launcher module defines a frozen dataclass deriving from `LauncherArgs`, entry
 from __future__ import annotations
 
 import math
+import os
 import re
 import shlex
 import sys
@@ -88,6 +89,10 @@ class LauncherArgs:
             value = getattr(self, item.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise LaunchError(f"{flag(item.name)} must be a finite number (got {value})")
+            if isinstance(value, str) and not _is_utf8(value):
+                text = os.fsencode(value).decode("utf-8", "backslashreplace")
+                shown = f" ({text})" if item.metadata.get("path") else ""  # never a secret
+                raise LaunchError(f"{flag(item.name)} holds a byte that is not UTF-8{shown}")
         if self.num_nodes < 1:
             raise LaunchError(f"--num-nodes must be >= 1 (got {self.num_nodes})")
         if self.cluster_timeout < 1:
@@ -122,6 +127,15 @@ class LauncherArgs:
             return shlex.split(self.extra_args)
         except ValueError as err:
             raise LaunchError(f"--extra-args: {err}") from None
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a str holding bytes that are not UTF-8 (Python keeps them as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import unicodedata
 from typing import Any
 
 from harness.context import LaunchContext
+from harness.errors import LaunchError
 from harness.launcher import LauncherArgs, flag
 from harness.steps import WriteFile
 
@@ -36,17 +38,21 @@ def option_argv(args: LauncherArgs) -> list[str]:
 
 
 def batch_script(ctx: LaunchContext, args: LauncherArgs, *, gpus_per_node: int) -> str:
-    module = ctx.launcher.module
+    """The script; every value in it is quoted for the shell (shlex), and for sbatch's reading
+    of ``#SBATCH`` lines, which takes shell quotes but ends at a newline and drops backslashes.
+    """
+    module = shlex.quote(ctx.launcher.module)
     options = shlex.join(option_argv(args))
-    run_dir = f"{args.output_dir}/{args.run_id}"
+    _check_directive_value("--output-dir", args.output_dir)
+    output = f"{args.output_dir}/{args.run_id}".replace("%", "%%") + "/slurm-%j.out"
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={args.run_id}",
+        f"#SBATCH --job-name={shlex.quote(str(args.run_id))}",
         f"#SBATCH --nodes={args.num_nodes}",
         "#SBATCH --ntasks-per-node=1",
         *([f"#SBATCH --gpus-per-node={gpus_per_node}"] if gpus_per_node else []),
         "#SBATCH --exclusive",
-        f"#SBATCH --output={run_dir}/slurm-%j.out",
+        f"#SBATCH --output={shlex.quote(output)}",
         "set -euo pipefail",
         f"cd {shlex.quote(ctx.host.checkout)}",
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
@@ -59,9 +65,18 @@ def batch_script(ctx: LaunchContext, args: LauncherArgs, *, gpus_per_node: int) 
     return "\n".join(lines) + "\n"
 
 
+def _check_directive_value(option: str, value: str) -> None:
+    """`LaunchError` for what no quoting carries in an ``#SBATCH`` line."""
+    if "\\" in value or any(unicodedata.category(c) == "Cc" for c in value):
+        raise LaunchError(
+            f"{option} {value!r}: a Slurm batch script cannot hold a path with a backslash or "
+            "a control character (newline, tab, ...); choose another"
+        )
+
+
 def write_batch_script(ctx: LaunchContext, args: LauncherArgs, *, gpus_per_node: int) -> None:
     """Emit the writing of ``<output-dir>/<run-id>/sbatch.sh`` (submit it with ``sbatch``)."""
     path = f"{args.output_dir}/{args.run_id}/sbatch.sh"
     ctx.emit(WriteFile(path, batch_script(ctx, args, gpus_per_node=gpus_per_node), 0o755))
     if not ctx.dry_run:
-        ctx.note(f"submit it with: sbatch {path}")
+        ctx.note(f"submit it with: sbatch {shlex.quote(path)}")

@@ -19,6 +19,7 @@ from harness.record import record
 from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop
 from launchers.amd.run_qwen3_4b_lora import LAUNCHER as AMD
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
+from tests.private_ray import free_port
 
 PROG = "python -m launchers.amd.run_qwen3_4b_lora"
 
@@ -264,3 +265,51 @@ def test_python_m_bad_input_is_one_line_without_traceback():
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+CPU_PROG = "python -m launchers.cpu.run_tiny_qwen3_lora"
+NO_GPU = "CPU has no GPU; drop --num-gpus-per-node"
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["prepare", "--seed", "99999999999999999999"], "--seed must be in [0, 4294967295]"),
+        (["train", "--seed", "-1"], "--seed must be in [0, 4294967295] (got -1)"),
+        (["train", "--ray-num-cpus=-1"], "--ray-num-cpus must be >= 1 (got -1)"),
+        (["worker", "--head-address", "h", "--ray-num-cpus", "0"], "--ray-num-cpus must be >= 1"),
+        (
+            ["train", "--output-dir", "/o/x\udcff"],
+            "--output-dir holds a byte that is not UTF-8 (/o/x\\xff)",
+        ),
+        (["prepare", "--model-dir", "/m\udce9"], "--model-dir holds a byte that is not UTF-8"),
+        (["train", "--extra-env", "K=\udcff"], "--extra-env holds a byte that is not UTF-8\n"),
+        (["train", "--num-gpus-per-node", "2"], NO_GPU),
+        (["worker", "--head-address", "h", "--num-gpus-per-node", "2"], NO_GPU),
+        (["sbatch", "--num-nodes", "2", "--num-gpus-per-node", "2"], NO_GPU),
+    ],
+)
+@pytest.mark.parametrize("dry_run", [False, True], ids=["live", "dry-run"])
+def test_cpu_launcher_bad_input_is_one_line_exit_2_and_nothing_runs(argv, reason, dry_run, capsys):
+    spy = SpyRunner()
+    status, out, err = cli(CPU, [*argv, *["--dry-run"] * dry_run], capsys, live=spy)
+    assert status == 2
+    assert out == "" and spy.plans == []
+    assert err.count("\n") == 1 and err.startswith(f"{CPU_PROG}: error: ")
+    assert reason in err
+
+
+def test_an_output_dir_that_cannot_be_written_stops_a_live_run_before_it_starts(tmp_path, capsys):
+    """The live runner of this host checks the run's output dir before it claims or starts
+    anything (the job would fail on it only once Ray runs)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    ports = [f"--{name}-port={free_port()}" for name in ("ray", "dashboard", "agent")]
+    argv = ["train", "--run-id", "unwritable", "--output-dir", str(blocker / "out"), *ports]
+    status = run(CPU, argv)
+    out, err = capsys.readouterr()
+    assert (status, out) == (2, "")
+    assert err == (
+        f"{CPU_PROG}: error: train.py --output-dir {blocker}/out/unwritable: "
+        "cannot write there (Not a directory)\n"
+    ), "the run started"

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from harness.diff import Change, diff_recordings, format_markdown, split_command, step_view
@@ -116,6 +119,49 @@ def test_worktree_is_removed_when_the_base_cannot_record(repo: Path) -> None:
     assert done.returncode == 2
     assert done.stderr == "python -m harness.diff: error: cannot record HEAD: broken\n"
     assert len(_worktrees(repo)) == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_diff_removes_its_worktree_and_its_recording(
+    repo: Path, tmp_path: Path, signum: int
+) -> None:
+    """The base records slowly (its harness/record.py waits); the diff is stopped meanwhile."""
+    record = repo / "harness" / "record.py"
+    real = record.read_text()
+    pid_file = tmp_path / "recording.pid"
+    record.write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+    )
+    _git(repo, "commit", "--quiet", "--all", "--message", "a base that records slowly")
+    record.write_text(real)
+    env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONDONTWRITEBYTECODE": "1"}
+    diff = subprocess.Popen(
+        [sys.executable, "-m", "harness.diff", "--base", "HEAD"],
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert diff.poll() is None, diff.communicate()
+            assert time.monotonic() < deadline, "the base never started recording"
+            time.sleep(0.05)
+        (_, base_line) = _worktrees(repo)
+        base = Path(base_line.split()[0])
+        assert base.is_dir()
+        diff.send_signal(signum)
+        out, err = diff.communicate(timeout=60)
+    finally:
+        diff.kill()
+    assert diff.returncode == 128 + signum, err
+    name = signal.Signals(signum).name
+    assert (out, err) == ("", f"python -m harness.diff: error: stopped by {name}\n")
+    assert len(_worktrees(repo)) == 1, "the base worktree is still registered"
+    assert not base.exists() and not base.parent.exists(), "the base worktree is left on disk"
+    assert not psutil.pid_exists(int(pid_file.read_text())), "the base's recording runs on"
 
 
 @pytest.mark.parametrize(

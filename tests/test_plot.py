@@ -40,3 +40,32 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         f"{prefix} {tmp_path / 'missing.jsonl'}: no such file",
         f"{prefix} {tmp_path / 'bad.jsonl'}:1: not a metrics record (no 'step')",
     ]
+
+
+def test_an_output_that_is_no_image_format_is_one_line_before_reading(tmp_path, capsys):
+    write(tmp_path / "metrics.jsonl", [{"step": 0, "rollout/reward_mean": 0.1}])
+    assert plot.main([str(tmp_path / "metrics.jsonl"), "-o", str(tmp_path / "p.txt")]) == 2
+    assert plot.main([str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "curves")]) == 2
+    (blocker := tmp_path / "file").write_text("")
+    assert plot.main([str(tmp_path / "metrics.jsonl"), "-o", str(blocker / "p.png")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    prefix = "python -m trainer.plot: error: -o"
+    assert len(err) == 3
+    assert err[0].startswith(f"{prefix} {tmp_path / 'p.txt'}: end it in .png or another image")
+    assert err[1].startswith(f"{prefix} {tmp_path / 'curves'}: end it in .png")
+    assert err[2] == f"{prefix} {blocker / 'p.png'}: cannot write it (File exists)"
+    assert not list(tmp_path.glob("p.txt*")) and not list(tmp_path.glob("curves*"))
+
+
+def test_a_torn_last_line_is_left_out_and_named(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    write(path, [{"step": 0, "rollout/reward_mean": 0.1}, {"step": 1, "rollout/reward_mean": 0.2}])
+    with path.open("a") as f:
+        f.write('{"step": 2, "rollout/rew')
+    assert plot.main([str(path), "-o", str(tmp_path / "c.svg")]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"2 steps -> {tmp_path / 'c.svg'}\n"
+    assert err == (
+        f"python -m trainer.plot: {path}: dropping its torn last line "
+        '\'{"step": 2, "rollout/rew\' (a run killed while writing it)\n'
+    )

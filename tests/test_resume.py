@@ -1,5 +1,7 @@
 """A run killed with SIGKILL after a checkpoint, started again with the same command, resumes
-from that checkpoint: its metrics steps continue exactly, none repeated, none skipped.
+from that checkpoint: its metrics steps continue exactly, none repeated, none skipped. The kill
+is taken to have cut the last metrics.jsonl line short, as a kill in the middle of a write does:
+the resumed run drops that line and says so.
 
 Two data-parallel training ranks (gloo), one rollout engine, and a local Ray started by
 ``train.py`` itself.
@@ -62,11 +64,16 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(private_ray, tmp_path):
     assert killed_at is not None and killed_at < ROLLOUTS
     logged = [r["step"] for r in read_metrics(tmp_path / "out" / METRICS_FILE)]
     assert logged == list(range(len(logged))) and len(logged) >= killed_at
+    torn = f'{{"step": {len(logged)}, "rollout/reward_mean": 0.1'
+    with (tmp_path / "out" / METRICS_FILE).open("a") as metrics:
+        metrics.write(torn)
 
     second = subprocess.run(
         command(tmp_path), cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
     )
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    dropped = f"train.py: {tmp_path / 'out' / METRICS_FILE}: dropping its torn last line {torn!r}"
+    assert dropped in second.stdout
     resumed = f"resumed from {tmp_path / 'ckpt' / f'iter_{killed_at:07d}'}"
     assert f"{resumed} (next rollout {killed_at + 1}/{ROLLOUTS})" in second.stdout
     assert f"step {killed_at}/{ROLLOUTS}" not in second.stdout
@@ -74,6 +81,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(private_ray, tmp_path):
 
     records = read_metrics(tmp_path / "out" / METRICS_FILE)
     assert [r["step"] for r in records] == list(range(ROLLOUTS))
+    assert (tmp_path / "out" / METRICS_FILE).read_text().endswith("}\n"), "a torn line is left"
     # Both data-parallel ranks hold rank 0's adapter after every update, and the engine
     # serves it (fp32 on the CPU: equal up to rounding).
     assert all(r["sync/ranks_off_rank0_adapter"] == 0 for r in records)

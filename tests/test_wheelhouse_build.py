@@ -12,7 +12,7 @@ import pytest
 
 from tests.wheel_factory import make_wheel, write_sdist
 from wheelhouse.__main__ import main
-from wheelhouse.resolve import keep_constraints
+from wheelhouse.resolve import keep_constraints, split_pins
 from wheelhouse.target import Target
 
 NODE = {
@@ -175,4 +175,63 @@ def test_a_node_version_the_requirements_exclude_is_replaced(tmp_path, index, ca
     manifest = build(tmp_path, index, "app")  # the node's filelock 3.0.0 is below app's >=3.1
     assert "filelock-3.20.0-py3-none-any.whl" in manifest["wheels"]
     out = capsys.readouterr().out
-    assert "the requirements need other versions than the node's of some of: filelock" in out
+    assert "the requirements need other versions than the node's of: filelock\n" in out
+
+
+def test_only_the_node_versions_that_conflict_are_replaced_and_named(tmp_path, index, capsys):
+    """`tool` needs delta >= 2; the node has delta 1.0 and alpha, beta, gamma 1.0, which `tool`
+    takes in any version. pip prefers 2.0 of all four, pinning all four node versions fails:
+    only delta is replaced and named, the node keeps the other three."""
+    for name in ("alpha", "beta", "gamma", "delta"):
+        make_wheel(index, name, "1.0")
+        make_wheel(index, name, "2.0")
+    make_wheel(index, "tool", "1.0", requires=["alpha", "beta", "gamma", "delta>=2"])
+    node = {
+        **NODE,
+        "distributions": [
+            *NODE["distributions"],
+            *({"name": n, "version": "1.0"} for n in ("alpha", "beta", "gamma", "delta")),
+        ],
+    }
+    manifest = build(tmp_path, index, "tool", inventory=node)
+    assert sorted(manifest["wheels"]) == ["delta-2.0-py3-none-any.whl", "tool-1.0-py3-none-any.whl"]
+    assert manifest["wheels"]["delta-2.0-py3-none-any.whl"]["replaces"] == "delta 1.0"
+    out = capsys.readouterr().out
+    assert (
+        "the requirements need other versions than the node's of: delta "
+        "(the node's versions of the others are kept)\n"
+    ) in out
+    assert all(f"node has {name}==1.0" in out for name in ("alpha", "beta", "gamma"))
+    assert [line for line in out.splitlines() if "replaces node's" in line] == [
+        "delta-2.0-py3-none-any.whl replaces node's delta 1.0"
+    ]
+
+
+@pytest.mark.parametrize("conflicts", [set(), {"c=1"}, {"a=1", "h=1"}, {"b=1", "c=1", "f=1"}])
+def test_split_pins_names_exactly_the_pins_that_conflict(conflicts):
+    """A resolver that fails whenever a conflicting pin is among those given; k conflicts
+    among 8 pins take at most 1 + 2 k log2(8) resolves."""
+    candidates = [f"{name}=1" for name in "abcdefgh"]
+    calls: list[list[str]] = []
+
+    def resolves(pins: list[str]) -> dict | None:
+        calls.append(pins)
+        return None if conflicts & set(pins) else {"pins": pins}
+
+    report, taken, conflicting = split_pins(resolves, ["kept=1"], candidates)
+    assert sorted(conflicting) == sorted(conflicts)
+    assert sorted(taken) == sorted(set(candidates) - conflicts)
+    assert report == {"pins": ["kept=1", *taken]}
+    assert all(pins[0] == "kept=1" for pins in calls)
+    assert len(calls) <= 1 + 2 * len(conflicts) * 3
+
+
+def test_split_pins_takes_the_first_of_two_pins_that_conflict_with_each_other():
+    def resolves(pins: list[str]) -> dict | None:
+        return None if {"b=1", "d=1"} <= set(pins) else {}
+
+    assert split_pins(resolves, [], ["a=1", "b=1", "c=1", "d=1"]) == (
+        {},
+        ["a=1", "b=1", "c=1"],
+        ["d=1"],
+    )

@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 from trainer.rewards import reward_names
 
 PROG = "train.py"
+MAX_SEED = 2**32 - 1  # numpy's and SGLang's seeds are 32-bit
 SGLANG_PREFIX = "--sglang-"
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+([eE][-+]?\d+)?$|^-\d+[eE][-+]?\d+$")
 _SECRET_NAME = re.compile(r"key|token|secret|password", re.IGNORECASE)
@@ -592,6 +593,8 @@ def _problems(args: argparse.Namespace) -> Iterator[str]:
             if value is not None and value < 0:
                 yield f"--{name.replace('_', '-')} must be >= 0 (got {value})"
 
+    if not 0 <= args.seed <= MAX_SEED:
+        yield f"--seed must be in [0, {MAX_SEED}] (got {args.seed})"
     yield from positive(
         "lora_rank", "lora_alpha", "save_interval", "num_epoch", "num_rollout",
         "rollout_batch_size", "n_samples_per_prompt", "rollout_max_prompt_len",

@@ -15,13 +15,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from trainer import file_checks
+
 LATEST = "latest"
 STATE_FILE = "state.json"
 ADAPTER_DIR = "adapter"
 
 
 class CheckpointError(RuntimeError):
-    """A ``--load`` directory whose marker names a checkpoint that is not there (one line)."""
+    """A ``--load`` directory whose marker names a checkpoint that is not there, or that a kill
+    or a full disk left damaged (one line)."""
 
 
 def iter_dir(root: Path, iteration: int) -> Path:
@@ -39,6 +42,23 @@ def latest_iteration(root: Path | None) -> int | None:
     if not (iter_dir(root, iteration) / STATE_FILE).is_file():
         raise CheckpointError(f"{root / LATEST} names iteration {iteration}, which is incomplete")
     return iteration
+
+
+def verify(root: Path, iteration: int) -> None:
+    """Raise `CheckpointError` unless every file of checkpoint `iteration` is whole: its
+    ``state.json`` a JSON object with the rollout index and data cursor, each safetensors and
+    ``torch.save`` file complete (headers only are read)."""
+    path = iter_dir(root, iteration)
+    problem = file_checks.first_problem(p for p in path.rglob("*") if p.is_file())
+    if problem is None:
+        state = load_state(root, iteration)
+        missing = [key for key in ("rollout_index", "data") if key not in state]
+        problem = f"{path / STATE_FILE}: no {' or '.join(missing)}" if missing else None
+    if problem is not None:
+        raise CheckpointError(
+            f"{problem}; resume from an earlier checkpoint (its number in {root / LATEST}) "
+            f"or move {path} away"
+        )
 
 
 def save(

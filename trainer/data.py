@@ -56,11 +56,19 @@ def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     if path.suffix not in (".jsonl", ".json"):
         raise DataError(f"{path}: prompt data must be .jsonl, .json (JSON lines) or .parquet")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                byte = raw[err.start]
+                raise DataError(
+                    f"{where}: not UTF-8 (byte 0x{byte:02x} at column {err.start + 1}); "
+                    "save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
@@ -97,9 +105,14 @@ def render_prompt(
         raise DataError(f"{where}: the prompt must be a string or a list of chat messages")
     if tokenizer is None:
         raise ValueError("--apply-chat-template needs a tokenizer")
-    return tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
-    )
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
+        )
+    except TemplateError as err:
+        raise DataError(f"{where}: the chat template fails on this row ({err.message})") from None
 
 
 def load_prompts(

@@ -1,7 +1,8 @@
 """``python3 train.py <argv>``: parse, check inputs, run the GRPO loop on Ray, summarise.
 
-Everything that can be wrong with the input (argv, the model directory, the prompt files, the
-``--load`` directory) is checked before Ray starts: one line on stderr, exit 2, nothing started.
+Everything that can be wrong with the input (argv, the model directory and its tokenizer and
+chat template, the prompt files, the ``--load`` checkpoint, the output directories) is checked
+before Ray starts (`check_inputs`): one line on stderr, exit 2, nothing started.
 Launched by ``ray job submit`` (``RAY_ADDRESS`` set) the job joins that cluster; run directly it
 starts a private local Ray instance for its own lifetime.
 """
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.arguments import UsageError, parse_args_or_exit, resolved_config
+from trainer.arguments import PROG, UsageError, parse_args_or_exit, resolved_config
 
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 1
@@ -49,8 +50,6 @@ def _fail(err: Exception, code: int) -> int:
 def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
-    if not Path(path).is_dir():
-        raise UsageError(f"--hf-checkpoint {path}: not a directory")
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
@@ -58,15 +57,60 @@ def load_tokenizer(path: str) -> Any:
         raise UsageError(f"--hf-checkpoint {path}: no usable tokenizer ({first})") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    started = time.time()
-    from trainer import checkpoint, preflight
-    from trainer.data import eval_sets_from_args, rollout_source_from_args
+def check_chat_template(tokenizer: Any, args: argparse.Namespace) -> None:
+    """The tokenizer's chat template renders a one-message conversation."""
+    from jinja2 import TemplateError
 
+    where = f"--hf-checkpoint {args.hf_checkpoint}"
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise UsageError(f"{where} has no chat template; drop --apply-chat-template")
+    try:
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "1 + 1 = ?"}],
+            add_generation_prompt=True,
+            tokenize=False,
+            **args.apply_chat_template_kwargs,
+        )
+    except TemplateError as err:
+        line = getattr(err, "lineno", None)
+        detail = f"line {line}: {err.message}" if line else str(err.message)
+        raise UsageError(f"{where}: its chat template fails ({detail})") from None
+
+
+def check_inputs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+    """Check everything the run reads and writes, before Ray starts; returns the tokenizer,
+    the rollout source and the eval sets. Raises `UsageError` or `CheckpointError`."""
+    from trainer import checkpoint, file_checks
+    from trainer.data import eval_sets_from_args, rollout_source_from_args
+    from trainer.metrics import METRICS_FILE, torn_tail
+
+    model = Path(args.hf_checkpoint)
+    if not model.is_dir():
+        raise UsageError(f"--hf-checkpoint {model}: not a directory")
+    if problem := file_checks.first_problem(p for p in model.iterdir() if p.is_file()):
+        raise UsageError(f"--hf-checkpoint: {problem}")
     tokenizer = load_tokenizer(args.hf_checkpoint)
+    if args.apply_chat_template:
+        check_chat_template(tokenizer, args)
     source = rollout_source_from_args(args, tokenizer)
     eval_sets = eval_sets_from_args(args, tokenizer)
-    checkpoint.latest_iteration(Path(args.load) if args.load else None)
+    load = Path(args.load) if args.load else None
+    resumes = checkpoint.latest_iteration(load)
+    if load is not None and resumes is not None:
+        checkpoint.verify(load, resumes)
+    for flag, value in (("--output-dir", args.output_dir), ("--save", args.save)):
+        if value and (problem := file_checks.writable_dir_problem(Path(value))):
+            raise UsageError(f"{flag} {value}: {problem}")
+    if resumes is not None and (note := torn_tail(Path(args.output_dir) / METRICS_FILE)):
+        print(f"{PROG}: {note}", flush=True)
+    return tokenizer, source, eval_sets
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.time()
+    from trainer import preflight
+
+    tokenizer, source, eval_sets = check_inputs(args)
     preflight.run(args)
 
     import ray

@@ -2,7 +2,9 @@
 
 A resumed run first drops the JSONL records of steps at or after the one it resumes from (a
 killed run may have logged steps its last checkpoint does not hold), so every step appears
-exactly once. wandb is imported only with ``--use-wandb``; its mode is ``--wandb-mode``
+exactly once. A last line that is not a whole record is what a kill in the middle of a write
+leaves: readers drop it (`torn_tail` names it, for a note); damage anywhere else is a
+`MetricsError`. wandb is imported only with ``--use-wandb``; its mode is ``--wandb-mode``
 (offline unless ``WANDB_API_KEY`` is set), and a resumed run continues the same wandb run.
 """
 
@@ -16,6 +18,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from trainer.arguments import UsageError
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -38,11 +42,52 @@ _CONSOLE = (
 )
 
 
+class MetricsError(UsageError):
+    """A metrics file that cannot be read, or damaged before its last line (one line)."""
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a metrics file (none when it does not exist), without a torn last line."""
+    return parse_metrics(path)[0]
+
+
+def torn_tail(path: Path) -> str | None:
+    """A note naming the torn last line of `path` that readers drop; None when it is whole."""
+    torn = parse_metrics(path)[1]
+    if torn is None:
+        return None
+    shown = torn if len(torn) <= 60 else torn[:57] + "..."
+    return f"{path}: dropping its torn last line {shown!r} (a run killed while writing it)"
+
+
+def parse_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """(records, the torn last line or None); `MetricsError` for any other bad line.
+
+    Torn is a last line without its newline that is not JSON: a record is written with its
+    newline in one go, so only a write cut short leaves that.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], None
+    except OSError as err:
+        raise MetricsError(f"{path}: cannot read it ({err.strerror or err})") from None
+    *whole, tail = data.split(b"\n")
+    records = []
+    for number, line in enumerate([*whole, tail], start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            if number > len(whole):
+                return records, line.decode("utf-8", errors="backslashreplace")
+            reason = err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8"
+            raise MetricsError(f"{path}:{number}: invalid JSON ({reason})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise MetricsError(f"{path}:{number}: not a metrics record (no 'step')")
+        records.append(record)
+    return records, None
 
 
 def console_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
@@ -68,7 +113,7 @@ class MetricsLogger:
         output_dir.mkdir(parents=True, exist_ok=True)
         self.path = output_dir / METRICS_FILE
         self.total_steps = total_steps
-        kept = [r for r in read_metrics(self.path) if r["step"] < start_step]
+        kept = [r for r in read_metrics(self.path) if r["step"] < start_step] if start_step else []
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
         os.replace(tmp, self.path)

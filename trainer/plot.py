@@ -6,11 +6,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from trainer.metrics import MetricsError, parse_metrics, torn_tail
 
 # (title, metric keys drawn in that panel)
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -27,22 +28,24 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    records = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: invalid JSON ({err.msg})") from None
-            if not isinstance(record, dict) or "step" not in record:
-                raise ValueError(f"{path}:{number}: not a metrics record (no 'step')")
-            records.append(record)
+def read_records(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The records of `path` and the note on a torn last line they leave out (or None)."""
+    records = parse_metrics(path)[0]
     if not records:
-        raise ValueError(f"{path}: no metrics records")
-    return records
+        raise MetricsError(f"{path}: no metrics records")
+    return records, torn_tail(path)
+
+
+def check_output(path: Path) -> None:
+    """`path` names an image format matplotlib writes (by its extension)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise MetricsError(
+            f"-o {path}: end it in .png or another image format matplotlib writes "
+            f"({', '.join(sorted(formats))})"
+        )
 
 
 def series(records: Sequence[Mapping[str, Any]], pattern: str) -> dict[str, tuple[list, list]]:
@@ -106,13 +109,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, default=Path("curves.png"))
     args = parser.parse_args(argv)
     try:
+        check_output(args.output)
         if not args.metrics.is_file():
-            raise ValueError(f"{args.metrics}: no such file")
-        records = read_records(args.metrics)
-    except ValueError as err:
+            raise MetricsError(f"{args.metrics}: no such file")
+        records, note = read_records(args.metrics)
+        if note:
+            print(f"{parser.prog}: {note}", file=sys.stderr)
+        render(records, args.output)
+    except MetricsError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
-    render(records, args.output)
+    except OSError as err:
+        reason = f"-o {args.output}: cannot write it ({err.strerror or err})"
+        print(f"{parser.prog}: error: {reason}", file=sys.stderr)
+        return 2
     print(f"{len(records)} steps -> {args.output}")
     return 0
 

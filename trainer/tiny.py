@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainer.arguments import MAX_SEED
+
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")
 ROLES = ("system", "user", "assistant")
 COLOURS = ("red", "green", "blue", "yellow", "black", "white", "pink", "gray")
@@ -183,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shape", choices=tuple(SHAPES), default="tiny")
     parser.add_argument("--device", default="cpu", help="build the weights there (e.g. cuda)")
     args = parser.parse_args(argv)
+    if not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"--seed must be in [0, {MAX_SEED}] (got {args.seed})")
     build(args.model_dir, args.data_dir, args.seed, args.shape, args.device)
     print(f"tiny model in {args.model_dir}, tiny task in {args.data_dir}")
     return 0

@@ -105,8 +105,9 @@ def needed_items(
 
 
 def plan_resolved(request: BuildRequest, log: list[str]) -> Plan:
-    """Resolve for the node; where the newest versions replace ones the node has, resolve once
-    more preferring the node's, and keep that when it resolves."""
+    """Resolve for the node; where the newest versions replace ones the node has, resolve again
+    with the node's versions pinned, all of them where that resolves, else all but the ones
+    that conflict with the requirements (`resolve.split_pins`), which are named."""
     target = request.target
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if here != target.python_version:
@@ -128,22 +129,32 @@ def plan_resolved(request: BuildRequest, log: list[str]) -> Plan:
         keep = {normalize(k) for k in request.keep}
         report = resolve.run_report(target, request.requirements, constraints, options)
         items, wanted = needed_items(report, keep, target)
+        prefer = Path(tmp) / "node-versions.txt"
+
+        def resolves(node_versions: list[str]) -> dict | None:
+            prefer.write_text("".join(f"{line}\n" for line in node_versions))
+            return resolve.try_report(target, request.requirements, [*constraints, prefer], options)
+
         node_pins: list[str] = []
+        conflicting: list[str] = []
         for _ in range(PREFER_NODE_ROUNDS):  # a kept version can bring in other dependencies
-            more = resolve.node_constraints(target, wanted)
+            more = [
+                pin for pin in resolve.node_constraints(target, wanted) if pin not in conflicting
+            ]
             if not more:
                 break
-            prefer = Path(tmp) / "node-versions.txt"
-            prefer.write_text("".join(f"{line}\n" for line in [*node_pins, *more]))
-            kept = resolve.try_report(target, request.requirements, [*constraints, prefer], options)
+            kept, taken, refused = resolve.split_pins(resolves, node_pins, more)
+            conflicting += refused
             if kept is None:
-                log.append(
-                    "the requirements need other versions than the node's of some of: "
-                    + ", ".join(line.partition("==")[0] for line in more)
-                )
                 break
-            node_pins += more
+            node_pins += taken
             items, wanted = needed_items(kept, keep, target)
+        if conflicting:
+            log.append(
+                "the requirements need other versions than the node's of: "
+                + ", ".join(line.partition("==")[0] for line in conflicting)
+                + (" (the node's versions of the others are kept)" if node_pins else "")
+            )
     skipped = {i.name for i in items} - {w.name for w in wanted}
     if skipped:
         log.append(

@@ -5,7 +5,8 @@ the node's Python and platform, with the node's `--keep` packages pinned to thei
 versions. What only those packages need (CUDA runtime wheels, triton, ...) the node already has
 under its own pins, so it is left out of the download. pip prefers the newest version of
 everything else; where that replaces a version the node has, `node_constraints` pins the node's
-for a second resolve, which the build keeps when it succeeds.
+for a second resolve. Where pinning all of them fails, `split_pins` finds the ones that really
+conflict (pinning the rest), so that only those are replaced.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +57,42 @@ def node_constraints(target: Target, items: list[Resolved]) -> list[str]:
         and not item.requested
         and not target.has(item.name, item.version)
     ]
+
+
+def split_pins(
+    resolves: Callable[[list[str]], dict | None], pinned: list[str], candidates: list[str]
+) -> tuple[dict | None, list[str], list[str]]:
+    """Split `candidates` (``name==version`` pins) into those that resolve together with
+    `pinned` and those that conflict: all at once when they resolve, else each half in turn,
+    down to single pins. A pin conflicts when it does not resolve with `pinned` and the pins
+    taken before it. `resolves(pins)` is a resolve's report, or None where it fails.
+
+    Returns (the report of the last resolve that succeeded, or None where no pin was taken;
+    the pins taken; the conflicting pins). k conflicts among n pins take at most
+    1 + 2 k log2(n) resolves: one when none conflicts.
+    """
+    report: dict | None = None
+    taken: list[str] = []
+    conflicting: list[str] = []
+
+    def visit(group: list[str], known_to_fail: bool) -> None:
+        nonlocal report
+        if not known_to_fail and (attempt := resolves([*pinned, *taken, *group])) is not None:
+            report = attempt
+            taken.extend(group)
+            return
+        if len(group) == 1:
+            conflicting.extend(group)
+            return
+        half = len(group) // 2
+        before = len(taken)
+        visit(group[:half], known_to_fail=False)
+        # All of the first half taken: the second half is the set that just failed.
+        visit(group[half:], known_to_fail=len(taken) - before == half)
+
+    if candidates:
+        visit(list(candidates), known_to_fail=False)
+    return report, taken, conflicting
 
 
 def run_report(

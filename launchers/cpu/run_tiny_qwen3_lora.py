@@ -17,6 +17,7 @@ from harness import (
     LaunchContext,
     Launcher,
     LauncherArgs,
+    LaunchError,
     Shell,
     arg,
     execute_train,
@@ -27,6 +28,7 @@ from harness import (
     write_batch_script,
 )
 from harness.cli import main
+from trainer.arguments import MAX_SEED
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,13 @@ class Args(LauncherArgs):
     lr: float = arg(5e-3, "learning rate")
     save_interval: int = arg(10, "save a checkpoint every N rollouts")
     eval_interval: int = arg(10, "evaluate every N rollouts")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.seed <= MAX_SEED:
+            raise LaunchError(f"--seed must be in [0, {MAX_SEED}] (got {self.seed})")
+        if self.ray_num_cpus < 1:
+            raise LaunchError(f"--ray-num-cpus must be >= 1 (got {self.ray_num_cpus})")
 
 
 def prepare(ctx: LaunchContext, args: Args) -> None:
@@ -115,7 +124,7 @@ def train(ctx: LaunchContext, args: Args) -> None:
         args,
         argv,
         hardware=hardware,
-        num_gpus_per_node=0,
+        num_gpus_per_node=ctx.gpus_per_node(hardware, args.num_gpus_per_node),
         num_cpus=args.ray_num_cpus,
         stop_ray=True,
     )
@@ -130,12 +139,14 @@ def full_train(ctx: LaunchContext, args: Args) -> None:
 def worker(ctx: LaunchContext, args: Args) -> None:
     """Join this node to the cluster of the head (--head-address) running `train --num-nodes`."""
     hardware = ctx.resolve_hardware(args.hardware)
-    join_cluster(ctx, args, hardware=hardware, num_gpus_per_node=0, num_cpus=args.ray_num_cpus)
+    gpus = ctx.gpus_per_node(hardware, args.num_gpus_per_node)
+    join_cluster(ctx, args, hardware=hardware, num_gpus_per_node=gpus, num_cpus=args.ray_num_cpus)
 
 
 def sbatch(ctx: LaunchContext, args: Args) -> None:
     """Write the Slurm batch script of a --num-nodes run (submit it with sbatch)."""
-    write_batch_script(ctx, args, gpus_per_node=0)
+    hardware = ctx.resolve_hardware(args.hardware)
+    write_batch_script(ctx, args, gpus_per_node=ctx.gpus_per_node(hardware, args.num_gpus_per_node))
 
 
 LAUNCHER = Launcher(
