@@ -91,6 +91,8 @@ def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
     assert [r["step"] for r in records] == list(range(6))
     assert worker_status == 143, (tmp_path / "worker.log").read_text()[-3000:]
     assert left == [], "the launchers left Ray processes running"
+    token = tmp_path / "outputs" / "two" / "ray" / "auth_token"
+    assert not token.exists(), "the cluster's token outlives the run"
 
 
 def test_a_cluster_that_never_reaches_its_size_ends_in_one_line(tmp_path):
