@@ -102,7 +102,7 @@ def execute_train(
     token_path = cluster_token_path(args) if several else tag.token_path
 
     if own_cluster:
-        ports = (args.ray_port, args.dashboard_port, args.agent_port)
+        ports = (args.ray_port, args.dashboard_port, args.agent_port, args.client_server_port)
         ctx.emit(ClaimRun(str(tag), checkout, ports=ports, token_path=token_path))
         ctx.emit(
             RayStart(
@@ -115,6 +115,7 @@ def execute_train(
                 tag=str(tag),
                 token_path=token_path,
                 agent_port=args.agent_port,
+                client_server_port=args.client_server_port,
             )
         )
         if several:

@@ -167,6 +167,7 @@ class RayStart(Step):
     token_path: str | None = None  # token authentication with this token file
     block: bool = False
     agent_port: int | None = None
+    client_server_port: int | None = None  # Ray Client's server (a head only; Ray's default 10001)
 
     def __post_init__(self) -> None:
         if self.head == (self.head_address is not None):
@@ -191,6 +192,8 @@ class RayStart(Step):
         if self.head:
             argv += ["--dashboard-host", self.dashboard_host]
             argv += ["--dashboard-port", str(self.dashboard_port)]
+            if self.client_server_port is not None:
+                argv += ["--ray-client-server-port", str(self.client_server_port)]
         env = dict(self.env)
         if self.tag is not None:
             argv += ["--temp-dir", RunTag.parse(self.tag).temp_dir]
