@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -13,12 +14,25 @@ from trainer.main import main as train_main
 BASE = ["--hf-checkpoint", "/models/tiny", "--prompt-data", "/data/train.jsonl"]
 
 
-def test_train_py_reads_the_jobs_secrets_before_its_arguments(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def restored_environ() -> Iterator[None]:
+    """os.environ as it was, after a test whose code under test adds variables to it."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_train_py_reads_the_jobs_secrets_before_its_arguments(
+    tmp_path, monkeypatch, capsys, restored_environ
+):
     """WANDB_API_KEY from the file turns wandb online, as it would from the environment."""
     env_file = tmp_path / "job_env"
     env_file.write_text(json.dumps({"WANDB_API_KEY": "k-from-file", "HF_TOKEN": "hf_x"}))
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    for name in ("WANDB_API_KEY", "HF_TOKEN"):
+        os.environ.pop(name, None)
     monkeypatch.setenv(job_env.ENV_FILE_VAR, str(env_file))
     assert train_main([*BASE, "--validate-only"]) == 0
     out = capsys.readouterr().out
