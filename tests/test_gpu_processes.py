@@ -136,3 +136,20 @@ def test_another_users_process_holds_only_the_gpus_the_tool_names():
         trainer.kill()
         trainer.wait()
         shutil.rmtree(shared)
+
+
+@pytest.mark.cuda_gpu
+def test_nvidia_smi_names_the_gpu_a_cuda_process_holds():
+    """The real tool on an NVIDIA node: a process computing on CUDA device 0 holds that GPU
+    (its nvidia-smi index: the first of CUDA_VISIBLE_DEVICES, else 0)."""
+    code = "import time, torch; torch.ones(1, device='cuda:0'); print('ready', flush=True)"
+    code += "; time.sleep(120)"
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        held = gpu_processes()
+    finally:
+        holder.kill()
+        holder.wait()
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    assert held is not None and held.get(holder.pid) == frozenset({first}), held
