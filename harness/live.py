@@ -365,7 +365,8 @@ def run_job(step: RayJobSubmit, client: Any, secrets_of: Mapping[str, str] | Non
         message = (getattr(info, "message", None) or "").strip()
         reason = f": {message.splitlines()[0]}" if message else ""  # the logs were streamed
         if code < 0:  # the driver died of a signal: say which, exit as a shell would
-            reason += f" (train.py was killed by {signal.Signals(-code).name})"
+            known = -code in signal.valid_signals()
+            reason += f" (train.py was killed by {signal.Signals(-code).name if known else -code})"
             code = 128 - code
         raise StepFailed(f"Ray job {job_id} {status.value}{reason}", code)
 
