@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import signal
 import sys
 import typing
 from collections.abc import Callable
@@ -59,7 +60,8 @@ def run(
 
 
 class _Stopped(Exception):
-    """Ctrl-C or SIGTERM ended a live run (after its cleanup): a reason and an exit status."""
+    """Ctrl-C, SIGTERM or SIGHUP ended a live run (after its cleanup): a reason and an exit
+    status."""
 
     def __init__(self, reason: str, status: int) -> None:
         super().__init__(reason)
@@ -131,8 +133,9 @@ def _entrypoint_command(
         runner = live or run_live
         try:
             return runner(plan)
-        except Terminated:
-            raise _Stopped("terminated", 143) from None
+        except Terminated as stopped:
+            reason = "hung up" if stopped.signum == signal.SIGHUP else "terminated"
+            raise _Stopped(reason, 128 + stopped.signum) from None
         except KeyboardInterrupt:  # typer would swallow it into a silent exit status 130
             raise _Stopped("interrupted", 130) from None
 

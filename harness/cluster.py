@@ -18,6 +18,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from harness.private_files import NotPrivate, check_private_file
+
 _POLL_S = 2.0
 
 
@@ -33,7 +35,8 @@ def _split(address: str) -> tuple[str, int]:
 
 
 def wait_head(address: str, token_file: str, timeout_s: float) -> None:
-    """Until the GCS at `address` accepts a connection and `token_file` exists."""
+    """Until the GCS at `address` accepts a connection and `token_file` exists; the token must
+    be private to this user (the head's claim made it so), else it may be someone else's."""
     host, port = _split(address)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -43,6 +46,10 @@ def wait_head(address: str, token_file: str, timeout_s: float) -> None:
         except OSError:
             reachable = False
         if reachable and os.path.isfile(token_file):
+            try:
+                check_private_file(token_file)
+            except NotPrivate as err:
+                raise NotReady(f"refused the head's token: {err}") from None
             return
         if time.monotonic() >= deadline:
             missing = (

@@ -1,6 +1,8 @@
-"""The error type for bad launcher input (one line, exit status 2), and the stop by SIGTERM."""
+"""The error type for bad launcher input (one line, exit status 2), and the stop by a signal."""
 
 from __future__ import annotations
+
+import signal
 
 
 class LaunchError(ValueError):
@@ -12,4 +14,9 @@ class LaunchError(ValueError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (``timeout``, ``scancel``, ``kill``): handled like Ctrl-C, exit status 143."""
+    """SIGTERM (``timeout``, ``scancel``, ``kill``) or SIGHUP (the terminal went away): handled
+    like Ctrl-C, exit status 128 + the signal's number (143, 129)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum

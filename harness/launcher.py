@@ -77,6 +77,9 @@ class LauncherArgs:
     agent_port: int = arg(
         52365, "dashboard agent port of the Ray node it starts (two on one host need two)"
     )
+    client_server_port: int = arg(
+        10001, "Ray Client server port of the Ray head it starts (two on one host need two)"
+    )
     wandb_mode: Literal["online", "offline", "disabled"] = arg(
         "online", "wandb logging; online needs WANDB_API_KEY in the environment"
     )
@@ -99,7 +102,7 @@ class LauncherArgs:
             raise LaunchError(f"--cluster-timeout must be >= 1 (got {self.cluster_timeout})")
         if self.num_gpus_per_node is not None and self.num_gpus_per_node < 1:
             raise LaunchError(f"--num-gpus-per-node must be >= 1 (got {self.num_gpus_per_node})")
-        for name in ("ray_port", "dashboard_port", "agent_port"):
+        for name in ("ray_port", "dashboard_port", "agent_port", "client_server_port"):
             if not 0 < getattr(self, name) < 65536:
                 raise LaunchError(f"{flag(name)} must be a TCP port (got {getattr(self, name)})")
         if self.run_id is not None and not SAFE_NAME.fullmatch(self.run_id):

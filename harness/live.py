@@ -6,8 +6,11 @@ jobs go through ``ray.job_submission.JobSubmissionClient``, whose logs are strea
 real exit status is returned. Subprocesses run with this interpreter's environment first on
 PATH, so the ``python3`` of a job resolves to it.
 
-Every failure is one line and a non-zero exit; SIGTERM is handled like Ctrl-C. Either way the
-Ray job is stopped and, when this plan started Ray, so is that Ray (and nothing else).
+Every failure is one line and a non-zero exit; SIGTERM and SIGHUP are handled like Ctrl-C.
+Either way the Ray job is stopped and, when this plan started Ray, so is that Ray (and nothing
+else). Ray's daemons run in a session of their own, so a terminal's Ctrl-C reaches the launcher
+alone, and every request to Ray's job server has a timeout: the launcher ends within seconds.
+A job whose Ray was killed from outside says so.
 """
 
 from __future__ import annotations
@@ -15,18 +18,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from harness import ownership
 from harness.context import Plan
 from harness.errors import Terminated
+from harness.private_files import write_secret
 from harness.run_tag import RunTag
 from harness.secrets import scrub
 from harness.steps import (
@@ -44,6 +49,7 @@ from harness.steps import (
 )
 
 _POLL_S = 2.0
+_ALIVE_S = 30.0
 StepRunner = Callable[[Step, Mapping[str, str]], None]
 
 
@@ -76,7 +82,7 @@ def execute_plan(plan: Plan, run: StepRunner | None = None) -> int:
     env = live_env(plan.host.env)
     total = len(plan.steps)
     started: list[str] = []  # tags of the Rays this plan started and has not stopped
-    with _SigtermAsInterrupt() as sigterm:
+    with _SignalsAsInterrupt() as signals:
         for index, step in enumerate(plan.steps, 1):
             _progress(scrub(f"step {index}/{total}: {_one_line(step.render())}", env))
             if isinstance(step, RayStart) and step.tag is not None:
@@ -85,11 +91,13 @@ def execute_plan(plan: Plan, run: StepRunner | None = None) -> int:
                 run(step, env)
             except KeyboardInterrupt:
                 _stop_started(started, plan, run, env)
-                if sigterm.received:
-                    raise Terminated from None
+                if signals.received is not None:
+                    raise Terminated(signals.received) from None
                 raise
             except Exception as failure:  # every failure: one line, cleanup, non-zero
                 reason = _one_line(str(failure) or type(failure).__name__, 400)
+                if isinstance(step, RayJobSubmit) and (killed := _killed_rays(started)):
+                    reason = f"{killed} ({reason})"
                 _progress(scrub(f"error: {reason}", env))
                 _stop_started(started, plan, run, env)
                 return failure.exit_code if isinstance(failure, StepFailed) else 1
@@ -98,39 +106,79 @@ def execute_plan(plan: Plan, run: StepRunner | None = None) -> int:
     return 0
 
 
-class _SigtermAsInterrupt:
-    """Within: SIGTERM raises KeyboardInterrupt and is remembered (main thread only).
+class _SignalsAsInterrupt:
+    """Within: SIGTERM and SIGHUP raise `Terminated` (a KeyboardInterrupt) and are remembered
+    (main thread only). SIGHUP too: Ray's daemons, in a session of their own, outlive the
+    terminal, so a launcher that dies with it must stop them first.
 
     Remembered, because code it interrupts (asyncio's runner) may re-raise a plain
     KeyboardInterrupt in place of the one raised here.
     """
 
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
     def __init__(self) -> None:
-        self.received = False
-        self._previous: Any = None
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: object) -> None:
-        self.received = True
-        raise Terminated
+        self.received = signum
+        raise Terminated(signum)
 
-    def __enter__(self) -> _SigtermAsInterrupt:
+    def __enter__(self) -> _SignalsAsInterrupt:
         try:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
         except ValueError:  # not the main thread: nothing changes
-            self._previous = None
+            self._previous = {}
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+
+
+def _killed_rays(started: list[str]) -> str | None:
+    """Why a job lost its Ray, when a Ray head this plan started has lost its GCS, raylet or
+    job server (the dashboard)."""
+    for tag in started:
+        seen = ownership.of_run(RunTag.parse(tag), ownership.processes())
+        essential = {
+            "gcs_server": any(s.name == "gcs_server" for s in seen),
+            "raylet": any(s.name == "raylet" for s in seen),
+            "dashboard": any("dashboard/dashboard.py" in s.cmdline for s in seen),
+        }
+        if missing := [name for name, alive in essential.items() if not alive]:
+            return (
+                f"this run's Ray was stopped from outside the launcher while the job ran (its "
+                f"{', '.join(missing)} ended: killed by a signal, a node-wide `ray stop`, the "
+                "OOM killer or the node's shutdown)"
+            )
+    return None
 
 
 def _stop_started(started: list[str], plan: Plan, run: StepRunner, env: Mapping[str, str]) -> None:
-    for tag in started:
-        try:
-            run(RayStop(tag, plan.host.checkout), env)
-        except Exception as failure:
-            _progress(f"error: stopping Ray of {tag}: {failure}")
+    with _uninterrupted():
+        for tag in started:
+            try:
+                run(RayStop(tag, plan.host.checkout), env)
+            except Exception as failure:
+                _progress(f"error: stopping Ray of {tag}: {failure}")
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Within, Ctrl-C, SIGTERM and SIGHUP are ignored (main thread only): a second Ctrl-C
+    must not leave half a Ray running. What runs within ends by itself (release's grace)."""
+    previous: dict[int, Any] = {}
+    with contextlib.suppress(ValueError):  # not the main thread: nothing changes
+        for signum in (signal.SIGINT, *_SignalsAsInterrupt.SIGNALS):
+            previous[signum] = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _one_line(command: str, width: int = 120) -> str:
@@ -211,17 +259,28 @@ def _(step: Step, env: Mapping[str, str]) -> None:
             raise StepFailed(lines[-1], done.returncode)
 
 
-@run_step.register(RayStart)
-@run_step.register(Shell)
-def _(step: Step, env: Mapping[str, str]) -> None:
+@run_step.register
+def _(step: Shell, env: Mapping[str, str]) -> None:
     for command in step.commands():
         _run(command, env)
 
 
-def _run(command: Command, env: Mapping[str, str]) -> None:
+@run_step.register
+def _(step: RayStart, env: Mapping[str, str]) -> None:
+    """In a session of its own: the daemons it leaves are out of the terminal's reach (its
+    Ctrl-C goes to the foreground process group), and the launcher stops them."""
+    for command in step.commands():
+        _run(command, env, new_session=True)
+
+
+def _run(command: Command, env: Mapping[str, str], *, new_session: bool = False) -> None:
     try:
         done = subprocess.run(
-            command.argv, cwd=command.cwd, env={**env, **command.env}, check=False
+            command.argv,
+            cwd=command.cwd,
+            env={**env, **command.env},
+            check=False,
+            start_new_session=new_session,
         )
     except OSError as err:
         raise StepFailed(f"{command.argv[0]}: {err.strerror or err}") from err
@@ -231,7 +290,7 @@ def _run(command: Command, env: Mapping[str, str]) -> None:
 
 @run_step.register
 def _(step: RayJobSubmit, env: Mapping[str, str]) -> None:
-    from ray.job_submission import JobSubmissionClient
+    from harness.job_client import TimedJobClient
 
     headers = {}
     if step.auth_token_path is not None:  # a cluster this run started: its own token
@@ -239,10 +298,20 @@ def _(step: RayJobSubmit, env: Mapping[str, str]) -> None:
     else:
         _follow_ray_token_auth()
     try:
-        client = JobSubmissionClient(step.address, headers=headers)
-    except (ConnectionError, RuntimeError, ValueError) as err:
+        client = TimedJobClient(step.address, headers=headers)
+    except (OSError, RuntimeError, ValueError) as err:
         raise StepFailed(f"cannot reach the Ray job server at {step.address}: {err}") from None
-    run_job(step, client, secrets_of={**env, **step.env_vars})
+    if step.env_file is not None:
+        try:
+            write_secret(step.env_file, json.dumps(dict(step.secret_env)))
+        except OSError as err:
+            raise StepFailed(f"writing {step.env_file}: {err.strerror or err}") from None
+    try:
+        run_job(step, client, secrets_of={**env, **step.secrets})
+    finally:
+        if step.env_file is not None:  # the job has ended: its secrets are not kept
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(step.env_file)
 
 
 def _read_token(path: str) -> str:
@@ -279,8 +348,8 @@ def run_job(step: RayJobSubmit, client: Any, secrets_of: Mapping[str, str] | Non
     )
     _progress(f"Ray job {job_id} submitted to {step.address}")
     try:
-        hidden = step.env_vars if secrets_of is None else secrets_of
-        asyncio.run(_stream_logs(client, job_id, hidden))
+        hidden = step.secrets if secrets_of is None else secrets_of
+        asyncio.run(_follow_logs(client, job_id, hidden))
         status = client.get_job_status(job_id)
         while not status.is_terminal():
             time.sleep(_POLL_S)
@@ -295,7 +364,26 @@ def run_job(step: RayJobSubmit, client: Any, secrets_of: Mapping[str, str] | Non
         code = getattr(info, "driver_exit_code", None) or 1
         message = (getattr(info, "message", None) or "").strip()
         reason = f": {message.splitlines()[0]}" if message else ""  # the logs were streamed
+        if code < 0:  # the driver died of a signal: say which, exit as a shell would
+            known = -code in signal.valid_signals()
+            reason += f" (train.py was killed by {signal.Signals(-code).name if known else -code})"
+            code = 128 - code
         raise StepFailed(f"Ray job {job_id} {status.value}{reason}", code)
+
+
+async def _follow_logs(client: Any, job_id: str, hidden: Mapping[str, str]) -> None:
+    """Stream the job's logs until they end. While they are quiet, the job server must answer
+    a status request every `_ALIVE_S` (each within the client's timeout): a server that stops
+    answering ends the wait with an error instead of never."""
+    stream = asyncio.ensure_future(_stream_logs(client, job_id, hidden))
+    try:
+        while not stream.done():
+            await asyncio.wait({stream}, timeout=_ALIVE_S)
+            if not stream.done():
+                await asyncio.to_thread(client.get_job_status, job_id)
+        stream.result()
+    finally:
+        stream.cancel()
 
 
 async def _stream_logs(client: Any, job_id: str, hidden: Mapping[str, str]) -> None:

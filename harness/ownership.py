@@ -1,41 +1,65 @@
 """What a run owns on this node, and acting only on that.
 
-A launcher's run is recognised by its tag (`harness.run_tag`): in a process's environment, or
-by a file the process holds open in the run's temp dir (Ray's process titles may overwrite the
-environment block, and every Ray process logs into the temp dir). `claim` prepares a run:
-it stops what an earlier run of the same launcher on the same devices left behind, refuses in
-one line when a Ray, trainer or SGLang that this launcher did not start holds the requested
-devices or ports, and writes the run's fresh Ray authentication token.
-`release` stops the run's processes and no other.
+A launcher's run is recognised among this user's processes by its tag (`harness.run_tag`) in a
+process's environment or, for a Ray or trainer process, by a file it holds open in the run's
+private dir (Ray's process titles may overwrite the environment block, and every Ray process
+logs there); a ``tail -f`` of a run's log or a shell in its logs dir is not the run's.
+
+`claim` prepares a run. Before touching anything it refuses, in one line, when a run of the same
+launcher on the same devices is in progress (its launcher process lives), when the run's
+private dir is not this user's, when a Ray, trainer or SGLang that this launcher did not start
+holds the requested devices, or a requested port is taken. Then it stops what *dead* runs of
+the same launcher on the same devices left behind, creates the run's private dir (mode 0700,
+by this claim) with the run's record, and writes the run's fresh Ray token. `release` stops
+the run's processes and removes its private dir and token, and nothing else.
 
     python -m harness.ownership claim --tag TAG [--port PORT ...] [--token-path PATH]
     python -m harness.ownership release --tag TAG
+
+From the command line the run's launcher is the claim's parent process (the shell running the
+steps); in live mode it is the launcher itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
+import json
 import os
 import re
 import secrets
 import shutil
 import socket
+import stat
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import psutil
 
-from harness.run_tag import TAG_VAR, RunTag
+from harness.gpu_processes import GpuMap, gpu_processes
+from harness.private_files import (
+    NotPrivate,
+    check_parents,
+    check_private_dir,
+    make_private_dir,
+    own_dir_mode,
+    private_dir,
+    write_secret,
+)
+from harness.run_tag import JOB_ENV_FILE, TAG_VAR, TEMP_ROOT, RunTag
 
-_GRACE_S = 10.0
+_GRACE_S = 5.0  # then SIGKILL: the GCS and raylet may not end on SIGTERM at all
 _TRAINER = re.compile(r"(^|[\s/])train\.py(\s|$)|sglang")
 _VISIBILITY = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
 class Refused(Exception):
     """The run cannot start here without touching what is not its own (one line)."""
+
+
+RECORD = "run.json"  # in a run's private dir: its tag, its launcher process, its token
 
 
 @dataclass(frozen=True)
@@ -47,12 +71,17 @@ class Seen:
     cmdline: str
     environ: dict[str, str] | None
     paths: tuple[str, ...]
+    uid: int | None = None
 
     def tagged(self, accept: Callable[[str], bool], dir_prefix: str) -> bool:
+        """This user's, and tagged so that `accept` takes the tag, or a Ray or trainer process
+        with a file (or its cwd) under `dir_prefix`."""
+        if self.uid != os.geteuid():
+            return False
         tag = (self.environ or {}).get(TAG_VAR)
-        return (tag is not None and accept(tag)) or any(
-            path.startswith(dir_prefix) for path in self.paths
-        )
+        if tag is not None and accept(tag):
+            return True
+        return self.kind is not None and any(path.startswith(dir_prefix) for path in self.paths)
 
     @property
     def kind(self) -> str | None:
@@ -64,11 +93,15 @@ class Seen:
                 return "Ray"
         return "trainer" if _TRAINER.search(self.cmdline) else None
 
-    @property
-    def devices(self) -> frozenset[str] | None:
-        """The GPU ids it may use: its visibility variable, else (or unreadable) all."""
+    def devices(self, on_gpus: Callable[[], GpuMap | None]) -> frozenset[str] | None:
+        """The GPU ids it may use: its visibility variable; else, when its environment cannot
+        be read, those the GPU tool (`on_gpus`) says it holds; else (no tool answers, or no
+        variable) all."""
+        if self.environ is None:
+            held = on_gpus()
+            return None if held is None else held.get(self.process.pid, frozenset())
         for name in _VISIBILITY:
-            if self.environ is not None and name in self.environ:
+            if name in self.environ:
                 return frozenset(d.strip() for d in self.environ[name].split(",") if d.strip())
         return None
 
@@ -81,6 +114,7 @@ def processes() -> list[Seen]:
             continue
         try:
             name, cmdline = process.name(), " ".join(process.cmdline())
+            uid = process.uids().effective
         except psutil.Error:
             continue
         try:
@@ -91,13 +125,13 @@ def processes() -> list[Seen]:
             paths = (*(f.path for f in process.open_files()), process.cwd())
         except psutil.Error:
             paths = ()
-        seen.append(Seen(process, name, cmdline, environ, paths))
+        seen.append(Seen(process, name, cmdline, environ, paths, uid))
     return seen
 
 
 def of_run(tag: RunTag, seen: Sequence[Seen]) -> list[Seen]:
     """The processes of run `tag`."""
-    return [s for s in seen if s.tagged(lambda t: t == str(tag), tag.temp_dir + "/")]
+    return [s for s in seen if s.tagged(lambda t: t == str(tag), tag.run_dir + "/")]
 
 
 def of_slot(tag: RunTag, seen: Sequence[Seen]) -> list[Seen]:
@@ -124,17 +158,32 @@ def stop(victims: Sequence[Seen], grace_s: float = _GRACE_S) -> int:
     return len(procs)
 
 
-def foreign_holders(tag: RunTag, seen: Sequence[Seen]) -> list[str]:
-    """Rays, trainers and SGLang servers not of `tag`'s slot whose devices overlap its own."""
+def foreign_holders(
+    tag: RunTag, seen: Sequence[Seen], on_gpus: Callable[[], GpuMap | None] = gpu_processes
+) -> list[str]:
+    """Rays, trainers and SGLang servers not of `tag`'s slot whose devices overlap its own.
+
+    `on_gpus` (asked once, and only for a process whose environment cannot be read) tells
+    which devices each process holds.
+    """
     wanted = tag.device_ids
     if wanted == frozenset():
         return []
     ours = {s.process.pid for s in of_slot(tag, seen)}
+    answers: list[GpuMap | None] = []
+
+    def held() -> GpuMap | None:
+        if not answers:
+            answers.append(on_gpus())
+        return answers[0]
+
     holders = []
     for s in seen:
         if s.process.pid in ours or (kind := s.kind) is None:
             continue
-        theirs = s.devices
+        theirs = s.devices(held)
+        if theirs == frozenset():
+            continue
         if wanted is None or theirs is None or wanted & theirs:
             holders.append(f"pid {s.process.pid} ({kind}: {s.cmdline[:60]})")
     return holders
@@ -153,13 +202,78 @@ def busy_ports(ports: Sequence[int]) -> list[int]:
     return busy
 
 
-def claim(tag: RunTag, ports: Sequence[int] = (), token_path: str | None = None) -> int:
-    """Make this node ready for run `tag` (with a fresh Ray token in `token_path`, if given);
-    the number of an earlier run's processes stopped.
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run's private dir says of it: its tag, the launcher process that runs it (pid
+    and start time, so a reused pid is not mistaken for it), and a token kept elsewhere."""
 
-    Raises `Refused` when a process this launcher did not start holds the requested devices,
-    or a requested port is taken.
+    tag: str
+    pid: int
+    started: float
+    token_path: str | None = None
+
+    @classmethod
+    def of(cls, tag: RunTag, owner: int, token_path: str | None) -> RunRecord:
+        elsewhere = None if token_path in (None, tag.token_path) else token_path
+        return cls(str(tag), owner, psutil.Process(owner).create_time(), elsewhere)
+
+    @classmethod
+    def read(cls, run_dir: str) -> RunRecord | None:
+        """The record in `run_dir`, a directory of this user's; None without a readable one."""
+        try:
+            info = os.lstat(run_dir)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                return None
+            with open(os.path.join(run_dir, RECORD)) as file:
+                return cls(**json.load(file))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    @property
+    def in_progress(self) -> bool:
+        """The run's launcher still runs."""
+        try:
+            return psutil.Process(self.pid).create_time() == self.started
+        except psutil.Error:
+            return False
+
+    def describe(self) -> str:
+        return f"run {RunTag.parse(self.tag).run_id!r} (launcher pid {self.pid})"
+
+
+def claim(
+    tag: RunTag,
+    ports: Sequence[int] = (),
+    token_path: str | None = None,
+    owner: int | None = None,
+) -> int:
+    """Make this node ready for run `tag` of launcher process `owner` (default: this one),
+    with a fresh Ray token in `token_path`, if given; the number of dead runs' processes
+    stopped.
+
+    Raises `Refused` when a run of this launcher on these devices is in progress, when the
+    run's private dir or the token's dir is not this user's, when a process this launcher did
+    not start holds the requested devices, or a requested port is taken.
     """
+    owner = os.getpid() if owner is None else owner
+    record = RunRecord.of(tag, owner, token_path)
+    leftovers = []
+    for run_dir in sorted(glob.glob(glob.escape(tag.slot_prefix) + "*")):
+        found = RunRecord.read(run_dir)
+        if found is not None and found.in_progress and found.pid != owner:
+            raise Refused(
+                f"{found.describe()} of this launcher on {tag.devices} is in progress; wait "
+                f"for it to end, or stop it (Ctrl-C in its terminal, or kill {found.pid})"
+            )
+        if _own_dir(run_dir):
+            leftovers.append(run_dir)
+    try:  # before anything is stopped: a path another user prepared is refused
+        check_parents(TEMP_ROOT)
+        own_dir_mode(tag.run_dir)
+        if record.token_path is not None:
+            check_private_dir(os.path.dirname(record.token_path))
+    except NotPrivate as err:
+        raise Refused(str(err)) from None
     stopped = stop(of_slot(tag, processes()))
     if holders := foreign_holders(tag, processes()):
         shown = "all GPUs" if tag.device_ids is None else f"GPUs {tag.devices}"
@@ -171,28 +285,52 @@ def claim(tag: RunTag, ports: Sequence[int] = (), token_path: str | None = None)
     if busy := busy_ports(ports):
         raise Refused(
             f"port {', '.join(map(str, busy))} is in use by a process this launcher did not "
-            "start (another Ray?); choose free ones with --ray-port / --dashboard-port"
+            "start (another Ray?); choose free ones with --ray-port / --dashboard-port / "
+            "--agent-port / --client-server-port"
         )
-    if token_path is not None:
-        os.makedirs(os.path.dirname(token_path), mode=0o700, exist_ok=True)
-        write_token(token_path)
+    for run_dir in leftovers:
+        remove_run_files(run_dir)
+    try:
+        make_private_dir(tag.run_dir)
+        write_secret(os.path.join(tag.run_dir, RECORD), json.dumps(asdict(record)))
+        if record.token_path is not None:
+            private_dir(os.path.dirname(record.token_path))
+        if token_path is not None:
+            write_secret(token_path, secrets.token_hex(32))  # 256 bits, as Ray's own generator
+    except NotPrivate as err:
+        raise Refused(str(err)) from None
     return stopped
-
-
-def write_token(path: str) -> None:
-    """A fresh Ray authentication token (256 bits, as Ray's own generator) in `path`, mode 0600."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(secrets.token_hex(32))
 
 
 def release(tag: RunTag) -> int:
-    """Stop every process of run `tag` and remove its temp dir; the number stopped."""
+    """Stop every process of run `tag`, remove its private dir and a token it keeps elsewhere;
+    the number stopped."""
     stopped = stop(of_run(tag, processes()))
-    shutil.rmtree(tag.temp_dir, ignore_errors=True)
+    remove_run_files(tag.run_dir)
     return stopped
+
+
+def remove_run_files(run_dir: str) -> None:
+    """Remove `run_dir` when it is this user's, and the token its record names elsewhere (with
+    what the job left beside it, `JOB_ENV_FILE`, and its dir when that is then empty)."""
+    record = RunRecord.read(run_dir)
+    if record is not None and record.token_path is not None:
+        token_dir = os.path.dirname(record.token_path)
+        for path in (record.token_path, os.path.join(token_dir, JOB_ENV_FILE)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(token_dir)
+    if _own_dir(run_dir):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _own_dir(path: str) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(argv)
     try:
         if options.command == "claim":
-            claim(options.tag, options.port, options.token_path)
+            claim(options.tag, options.port, options.token_path, owner=os.getppid())
         else:
             release(options.tag)
     except Refused as err:

@@ -11,10 +11,21 @@ from harness.hardware import Hardware
 from harness.launcher import LauncherArgs, flag
 from harness.platform import platform_env
 from harness.run_tag import RunTag
-from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop, WaitForCluster, WaitForHead
+from harness.secrets import is_secret
+from harness.steps import (
+    ClaimRun,
+    RayJobSubmit,
+    RayStart,
+    RayStop,
+    WaitForCluster,
+    WaitForHead,
+    job_env_path,
+)
+from trainer.job_env import ENV_FILE_VAR, SETUP_HOOK
 
 # Host variables a job needs when the host sets them: network interfaces, NCCL debugging, Hub
-# access, the wandb entity. Secrets among them (HF_TOKEN) travel only in the runtime env.
+# access, the wandb entity. Secrets among them (HF_TOKEN) travel only to the job (see
+# `execute_train`).
 FORWARDED_ENV = (
     "NCCL_SOCKET_IFNAME",
     "GLOO_SOCKET_IFNAME",
@@ -89,6 +100,11 @@ def execute_train(
     read it (the run's output dir, on a shared file system) and waits until `worker` has
     joined every other node. With an address the job goes to that cluster and no process here
     is started or stopped.
+
+    Secret variables (`harness.secrets`) of the job's environment go, on a Ray of this run's
+    own, into a private file beside its token that the runtime env names (`trainer.job_env`):
+    Ray logs a runtime env's variables in clear text. A cluster given by address gets them as
+    variables.
     """
     host_env = ctx.host.env
     address = args.ray_address or host_env.get("RAY_ADDRESS") or None
@@ -102,7 +118,7 @@ def execute_train(
     token_path = cluster_token_path(args) if several else tag.token_path
 
     if own_cluster:
-        ports = (args.ray_port, args.dashboard_port, args.agent_port)
+        ports = (args.ray_port, args.dashboard_port, args.agent_port, args.client_server_port)
         ctx.emit(ClaimRun(str(tag), checkout, ports=ports, token_path=token_path))
         ctx.emit(
             RayStart(
@@ -115,6 +131,7 @@ def execute_train(
                 tag=str(tag),
                 token_path=token_path,
                 agent_port=args.agent_port,
+                client_server_port=args.client_server_port,
             )
         )
         if several:
@@ -137,14 +154,18 @@ def execute_train(
         env_vars["WANDB_API_KEY"] = host_env["WANDB_API_KEY"]
     env_vars.update(job_env or {})
     env_vars.update(args.extra_env_vars)
-    runtime_env = {
-        "env_vars": env_vars,
-        "working_dir": checkout,
-        "excludes": list(WORKING_DIR_EXCLUDES),
-    }
+    runtime_env: dict[str, Any] = {"working_dir": checkout, "excludes": list(WORKING_DIR_EXCLUDES)}
+    secret_env = {}
+    if own_cluster:  # secrets go to a private file, since Ray logs a runtime env's variables
+        secret_env = {name: env_vars.pop(name) for name in list(env_vars) if is_secret(name)}
+    if secret_env:
+        env_vars[ENV_FILE_VAR] = job_env_path(token_path)
+        runtime_env["worker_process_setup_hook"] = SETUP_HOOK
+    runtime_env["env_vars"] = env_vars
     job_address = address or f"http://{LOCALHOST}:{args.dashboard_port}"
     job_token = token_path if own_cluster else None
-    ctx.emit(RayJobSubmit(job_address, ("python3", "train.py", *argv), runtime_env, job_token))
+    entrypoint = ("python3", "train.py", *argv)
+    ctx.emit(RayJobSubmit(job_address, entrypoint, runtime_env, job_token, secret_env))
     if own_cluster and stop_ray:
         ctx.emit(RayStop(str(tag), checkout))
 

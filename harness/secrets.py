@@ -1,9 +1,11 @@
-"""Which environment variables are secrets, and how recordings, dry runs and the console hide them.
+"""Which names are secrets, and how recordings, dry runs, the console and the trainer hide them.
 
 A name is a secret when it says so: it contains SECRET, PASSWORD, PASSWD, CREDENTIAL or
 PRIVATE_KEY, or ends in TOKEN, KEY, PASS or PAT (``WANDB_API_KEY``, ``HF_TOKEN``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``DB_PASS``, ``GITHUB_PAT``). Names that end in
-a pointer to a secret (``RAY_AUTH_TOKEN_PATH``, ``..._KEY_FILE``, ``..._KEY_ID``) are not.
+a pointer to a secret (``RAY_AUTH_TOKEN_PATH``, ``..._KEY_FILE``, ``..._KEY_ID``) are not. Case
+and ``-`` / ``_`` do not matter: the trainer's ``--sglang-api-key`` is one (the one pattern of
+the project: environment variables and flag names alike). Standard library only.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ _MIN_SCRUB_LENGTH = 4
 
 
 def is_secret(name: str) -> bool:
-    """True for names such as WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, DB_PASSWORD."""
-    return bool(_SECRET_NAME.search(name.upper()))
+    """True for names such as WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, api-key."""
+    return bool(_SECRET_NAME.search(name.upper().replace("-", "_")))
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:

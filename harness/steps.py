@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple
 
-from harness.run_tag import TAG_VAR, RunTag
+from harness.run_tag import JOB_ENV_FILE, TAG_VAR, RunTag
 from harness.secrets import redact_env
 
 _FLAG = re.compile(r"^--[A-Za-z]|^--$")  # long flags start a line; -m, -9 stay put
@@ -60,6 +60,11 @@ def _group_flags(argv: Sequence[str]) -> list[list[str]]:
 def token_auth_env(token_path: str) -> dict[str, str]:
     """Ray's token authentication, on, with the token read from `token_path` (not a value)."""
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}
+
+
+def job_env_path(token_path: str) -> str:
+    """The file of a job's secret variables: beside the run's token, in a private dir."""
+    return f"{token_path.rsplit('/', 1)[0]}/{JOB_ENV_FILE}"
 
 
 def runtime_env_json(runtime_env: Mapping[str, Any]) -> str:
@@ -149,8 +154,10 @@ class RayStart(Step):
     """``ray start``: a head node (`head=True`) or a worker joining `head_address`.
 
     With a run `tag` the Ray processes carry it in their environment and keep their files in
-    the run's own temp dir, so that only they are stopped afterwards, and the cluster requires
-    Ray's token authentication with the run's token file (`ClaimRun` writes it).
+    the run's own temp dir (inside its private dir), so that only they are stopped afterwards,
+    and the cluster requires Ray's token authentication with the run's token file (`ClaimRun`
+    writes it). Live, Ray's daemons start in a session of their own: a terminal's Ctrl-C
+    reaches the launcher, which stops the job and then this Ray, not Ray itself.
     """
 
     kind: ClassVar[str] = "ray_start"
@@ -167,6 +174,7 @@ class RayStart(Step):
     token_path: str | None = None  # token authentication with this token file
     block: bool = False
     agent_port: int | None = None
+    client_server_port: int | None = None  # Ray Client's server (a head only; Ray's default 10001)
 
     def __post_init__(self) -> None:
         if self.head == (self.head_address is not None):
@@ -191,6 +199,8 @@ class RayStart(Step):
         if self.head:
             argv += ["--dashboard-host", self.dashboard_host]
             argv += ["--dashboard-port", str(self.dashboard_port)]
+            if self.client_server_port is not None:
+                argv += ["--ray-client-server-port", str(self.client_server_port)]
         env = dict(self.env)
         if self.tag is not None:
             argv += ["--temp-dir", RunTag.parse(self.tag).temp_dir]
@@ -268,8 +278,11 @@ class RayStop(Step):
 class RayJobSubmit(Step):
     """``ray job submit``: run `entrypoint` as a Ray job with `runtime_env`, wait, stream logs.
 
-    Secrets travel only in ``runtime_env["env_vars"]``, never in the entrypoint. With
-    `auth_token_path` the submission authenticates with the token in that file.
+    Secrets never travel in the entrypoint. With `auth_token_path` (a cluster this run started)
+    the submission authenticates with the token in that file, and the job's secret variables,
+    `secret_env`, go into `env_file` beside it (mode 0600, in the run's private dir, removed
+    when the job ends), which `runtime_env` names (`trainer.job_env`): Ray logs a runtime env's
+    variables in clear text. Otherwise secrets are variables of `runtime_env`.
     """
 
     kind: ClassVar[str] = "ray_job_submit"
@@ -277,15 +290,35 @@ class RayJobSubmit(Step):
     entrypoint: tuple[str, ...]
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
     auth_token_path: str | None = None
+    secret_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.entrypoint:
             raise ValueError("a Ray job needs an entrypoint")
-        _freeze(self, entrypoint=tuple(self.entrypoint), runtime_env=dict(self.runtime_env))
+        if self.secret_env and self.auth_token_path is None:
+            raise ValueError("secret_env needs the private dir of auth_token_path")
+        _freeze(
+            self,
+            entrypoint=tuple(self.entrypoint),
+            runtime_env=dict(self.runtime_env),
+            secret_env=dict(self.secret_env),
+        )
 
     @property
     def env_vars(self) -> Mapping[str, str]:
         return self.runtime_env.get("env_vars", {})
+
+    @property
+    def env_file(self) -> str | None:
+        """Where `secret_env` goes: beside the run's token."""
+        if not self.secret_env or self.auth_token_path is None:
+            return None
+        return job_env_path(self.auth_token_path)
+
+    @property
+    def secrets(self) -> dict[str, str]:
+        """Every secret value of the job, wherever it travels (to scrub them from its logs)."""
+        return {**self.env_vars, **self.secret_env}
 
     def commands(self) -> tuple[Command, ...]:
         argv = ("ray", "job", "submit", "--address", self.address)
@@ -293,11 +326,21 @@ class RayJobSubmit(Step):
         env = token_auth_env(self.auth_token_path) if self.auth_token_path else {}
         return (Command(argv, env),)
 
+    def render(self) -> str:
+        submit = super().render()
+        if self.env_file is None:
+            return submit
+        content = json.dumps(redact_env(self.secret_env), sort_keys=True, separators=(",", ":"))
+        write = f"(umask 077 && cat > {shlex.quote(self.env_file)}) <<'EOF'"
+        return f"{write}\n{content}\nEOF\n{submit}"
+
     def redacted(self) -> RayJobSubmit:
-        if "env_vars" not in self.runtime_env:
-            return self
-        runtime_env = {**self.runtime_env, "env_vars": redact_env(self.env_vars)}
-        return dataclasses.replace(self, runtime_env=runtime_env)
+        runtime_env = dict(self.runtime_env)
+        if "env_vars" in runtime_env:
+            runtime_env["env_vars"] = redact_env(self.env_vars)
+        return dataclasses.replace(
+            self, runtime_env=runtime_env, secret_env=redact_env(self.secret_env)
+        )
 
 
 @dataclass(frozen=True)

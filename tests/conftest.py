@@ -1,6 +1,9 @@
-"""Fixtures of the harness and launcher tests."""
+"""Fixtures of the harness and launcher tests, and the environment every test runs in."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -34,3 +37,38 @@ def private_ray():
         yield cluster
     finally:
         cluster.cleanup()
+
+
+# What a user's shell may export that changes what the launchers, Ray, torch.distributed, wandb
+# or the Hub client do: a Slurm allocation, a Ray cluster (RAY_ADDRESS) or Ray's settings, the
+# launchers' own options (GRPO_LAUNCHER_*), a distributed job's place, visible GPUs.
+USER_PREFIXES = ("SLURM_", "RAY_", "GRPO_", "WANDB_", "HF_", "NCCL_", "TORCHELASTIC_")
+USER_NAMES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
+VISIBILITY = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+GPU_MARKERS = ("rocm_gpu", "cuda_gpu")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def pinned_environment(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """The suite passes wherever a user runs it: inside a Slurm allocation, with a Ray address,
+    cluster or GPU variables exported, from any directory, with an unwritable HOME.
+
+    Every test (and what it starts) runs without the user's variables above and with a HOME of
+    its own (Ray, pip and the Hub write there; a ``~/.ray/auth_token`` would turn token
+    authentication on for every Ray); a test that depends on one sets it. The GPU suites keep
+    the visible devices the user chose.
+    """
+    keep = VISIBILITY if _runs_gpu_tests(request.session) else ()
+    with pytest.MonkeyPatch.context() as patch:
+        for name in list(os.environ):
+            mine = name.startswith(USER_PREFIXES) or name in (*USER_NAMES, *VISIBILITY)
+            if mine and name not in keep:
+                patch.delenv(name)
+        patch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+        yield
+
+
+def _runs_gpu_tests(session: pytest.Session) -> bool:
+    return any(marker in item.keywords for item in session.items for marker in GPU_MARKERS)

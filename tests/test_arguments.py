@@ -290,6 +290,28 @@ def test_resolved_config_is_json_and_redacts_secret_extras() -> None:
     assert list(config) == sorted(config)
 
 
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("api-key", True),
+        ("admin-api-key", True),
+        ("ssl-keyfile-password", True),
+        ("tokenizer-path", False),
+        ("max-total-tokens", False),
+        ("ssl-keyfile", False),
+        ("speculative-token-map", False),
+    ],
+)
+def test_the_trainer_redacts_with_the_harness_pattern(name: str, secret: bool) -> None:
+    """One pattern says what a secret is, for the launcher's recordings and the trainer's
+    config alike (the trainer's own substring match hid paths and token counts)."""
+    from harness.secrets import is_secret
+
+    argv = [*BASE, "--rollout-backend", "sglang", f"--sglang-{name}", "4096"]
+    config = resolved_config(parse_args(argv))
+    assert (config["sglang_extra"][name] == "<redacted>") is secret is is_secret(name)
+
+
 def test_parse_args_or_exit_prints_one_line_and_exits_2(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

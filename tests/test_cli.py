@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -113,7 +114,11 @@ def test_live_mode_hands_the_validated_plan_to_the_runner(capsys):
 
 @pytest.mark.parametrize(
     ("raised", "status", "reason"),
-    [(KeyboardInterrupt, 130, "interrupted"), (Terminated, 143, "terminated")],
+    [
+        (KeyboardInterrupt, 130, "interrupted"),
+        (Terminated, 143, "terminated"),
+        (Terminated(signal.SIGHUP), 129, "hung up"),
+    ],
 )
 def test_ctrl_c_and_sigterm_end_in_one_line(raised, status, reason, capsys):
     def live(plan: Plan) -> int:
@@ -169,6 +174,43 @@ def test_secrets_are_redacted_from_printed_recordings(capsys):
     assert '"WANDB_API_KEY":"<redacted>"' in out and '"HF_TOKEN":"<redacted>"' in out
     assert '"NCCL_DEBUG":"INFO"' in out
     assert "--use-wandb" in out and "--wandb-mode online" in out
+
+
+def test_secrets_reach_the_launchers_own_ray_in_a_private_file_never_in_its_runtime_env(capsys):
+    """Ray logs a runtime env's variables in clear text: on a Ray of the run's own, secrets go
+    to a file beside the run's token, which the runtime env names; a cluster the user gives
+    (--ray-address) gets them as variables."""
+    spy = SpyRunner()
+    argv = ["train", "--run-id", "r", "--extra-env", "MY_TOKEN=tok-1,PLAIN=p"]
+    env = {"WANDB_API_KEY": "sk-1", "HF_TOKEN": "hf_1"}
+    assert cli(AMD, argv, capsys, live=spy, detected="AMD Instinct MI355X", **env)[0] == 0
+    job = spy.plans[0].steps[2]
+    assert isinstance(job, RayJobSubmit)
+    assert job.secret_env == {"WANDB_API_KEY": "sk-1", "HF_TOKEN": "hf_1", "MY_TOKEN": "tok-1"}
+    assert job.env_file == job.auth_token_path.replace("auth_token", "job_env")
+    assert job.env_vars["GRPO_JOB_ENV_FILE"] == job.env_file and job.env_vars["PLAIN"] == "p"
+    assert not {"WANDB_API_KEY", "HF_TOKEN", "MY_TOKEN"} & set(job.env_vars)
+    assert job.runtime_env["worker_process_setup_hook"] == "trainer.job_env.load"
+
+    spy = SpyRunner()
+    argv = [*argv, "--ray-address", "http://head:8265"]
+    assert cli(AMD, argv, capsys, live=spy, detected="AMD Instinct MI355X", **env)[0] == 0
+    (job,) = spy.plans[0].steps
+    assert job.secret_env == {} and job.env_file is None
+    assert job.env_vars["HF_TOKEN"] == "hf_1" and "GRPO_JOB_ENV_FILE" not in job.env_vars
+
+
+def test_the_ray_client_port_is_the_runs_choice_and_claimed(capsys):
+    """Two heads on one host: Ray's client server would take 10001 for both."""
+    spy = SpyRunner()
+    argv = ["train", "--client-server-port", "31001"]
+    assert cli(CPU, argv, capsys, live=spy)[0] == 0
+    claim, start = spy.plans[0].steps[:2]
+    assert isinstance(claim, ClaimRun) and 31001 in claim.ports
+    (command,) = start.commands()
+    assert command.argv[command.argv.index("--ray-client-server-port") + 1] == "31001"
+    status, _, err = cli(CPU, ["train", "--client-server-port", "0"], capsys)
+    assert status == 2 and "--client-server-port must be a TCP port (got 0)" in err
 
 
 def test_common_secret_names_and_their_values_are_redacted_in_dry_runs(capsys):

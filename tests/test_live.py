@@ -3,8 +3,12 @@ a fake Hub download function and a fake Ray job client."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
+import socket
+import stat
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -122,6 +126,46 @@ def test_sigterm_takes_the_ctrl_c_path():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+def test_a_hangup_takes_the_ctrl_c_path_too():
+    """Ray's daemons outlive the terminal (their own session): a launcher that the terminal's
+    SIGHUP ends stops its job and its Ray first."""
+    ran: list[Step] = []
+
+    def run(step: Step, env) -> None:
+        ran.append(step)
+        if isinstance(step, RayJobSubmit):
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(5)  # the signal interrupts this
+
+    unhandled: list[int] = []
+    previous = signal.signal(signal.SIGHUP, lambda signum, frame: unhandled.append(signum))
+    try:
+        with pytest.raises(Terminated) as stopped:
+            execute_plan(plan_of(START, JOB_STEP, STOP), run)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert stopped.value.signum == signal.SIGHUP and unhandled == []
+    assert ran == [START, JOB_STEP, STOP]
+
+
+def test_a_second_ctrl_c_does_not_cut_the_cleanup_short():
+    ran: list[Step] = []
+
+    def run(step: Step, env) -> None:
+        ran.append(step)
+        if isinstance(step, RayJobSubmit):
+            raise KeyboardInterrupt
+        if isinstance(step, RayStop):
+            os.kill(os.getpid(), signal.SIGINT)  # pressed again while the Ray is stopped
+            time.sleep(0.2)
+            ran.append(step)  # reached: the stop went on
+
+    with pytest.raises(KeyboardInterrupt):
+        execute_plan(plan_of(START, JOB_STEP, STOP), run)
+    assert ran == [START, JOB_STEP, STOP, STOP]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_hub_download_uses_snapshot_download(monkeypatch):
     calls = []
     monkeypatch.setattr("huggingface_hub.snapshot_download", lambda **kw: calls.append(kw))
@@ -216,6 +260,16 @@ def test_a_failed_job_reports_its_driver_exit_code():
     assert stopped.value.exit_code == 1
 
 
+def test_a_driver_killed_by_a_signal_says_which_and_exits_as_a_shell_would():
+    with pytest.raises(
+        StepFailed, match=r"FAILED: train\.py failed \(train\.py was killed by SIGKILL\)"
+    ):
+        run_job(JOB, FakeJobClient([JobStatus.FAILED], exit_code=-9))  # the OOM killer, say
+    with pytest.raises(StepFailed) as failure:
+        run_job(JOB, FakeJobClient([JobStatus.FAILED], exit_code=-9))
+    assert failure.value.exit_code == 137
+
+
 def test_ctrl_c_stops_the_job():
     client = FakeJobClient([JobStatus.RUNNING], interrupt=True)
     with pytest.raises(KeyboardInterrupt):
@@ -244,7 +298,7 @@ def test_a_run_of_its_own_ray_submits_with_the_run_token(tmp_path, monkeypatch):
             super().__init__([JobStatus.SUCCEEDED])
             made.append({"address": address, "headers": headers})
 
-    monkeypatch.setattr("ray.job_submission.JobSubmissionClient", Client)
+    monkeypatch.setattr("harness.job_client.TimedJobClient", Client)
     step = RayJobSubmit(JOB.address, JOB.entrypoint, JOB.runtime_env, str(token_file))
     run_step(step, {})
     assert made == [
@@ -273,3 +327,66 @@ def test_secret_values_are_scrubbed_from_the_console(capsys, monkeypatch):
     )
     assert execute_plan(plan) == 3
     assert "pw-s3cr3t" not in capsys.readouterr().err
+
+
+def test_a_jobs_secrets_are_in_a_private_file_while_it_runs_and_only_there(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    (run_dir / "auth_token").write_text("t0k3n")
+    seen: dict = {}
+
+    class Client(FakeJobClient):
+        def __init__(self, address: str, headers: dict) -> None:
+            super().__init__([JobStatus.SUCCEEDED])
+
+        def submit_job(self, *, entrypoint: str, runtime_env: dict) -> str:
+            env_file = run_dir / "job_env"
+            seen["mode"] = stat.S_IMODE(env_file.stat().st_mode)
+            seen["secrets"] = json.loads(env_file.read_text())
+            seen["runtime_env"] = runtime_env
+            return super().submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+
+    monkeypatch.setattr("harness.job_client.TimedJobClient", Client)
+    monkeypatch.setattr("harness.live._POLL_S", 0)
+    runtime_env = {"env_vars": {"GRPO_JOB_ENV_FILE": str(run_dir / "job_env")}}
+    step = RayJobSubmit(
+        JOB.address, JOB.entrypoint, runtime_env, str(run_dir / "auth_token"), {"HF_TOKEN": "hf_1"}
+    )
+    run_step(step, {})
+    assert seen["mode"] == 0o600 and seen["secrets"] == {"HF_TOKEN": "hf_1"}
+    assert "hf_1" not in json.dumps(seen["runtime_env"])
+    assert not (run_dir / "job_env").exists(), "the secrets outlive the job"
+
+
+def test_every_request_to_the_job_server_has_a_timeout(monkeypatch):
+    """A job server that accepts and never answers (a frozen Ray) ends each call in time."""
+    from harness.job_client import TimedJobClient
+
+    monkeypatch.setattr("harness.job_client.REQUEST_TIMEOUT_S", 0.5)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        started = time.monotonic()
+        with pytest.raises(OSError, match="timed out"):
+            TimedJobClient(f"http://127.0.0.1:{silent.getsockname()[1]}")
+        assert time.monotonic() - started < 5
+
+
+def test_a_job_server_that_stops_answering_ends_the_wait_and_the_job(monkeypatch):
+    monkeypatch.setattr("harness.live._ALIVE_S", 0.1)
+
+    class Frozen(FakeJobClient):
+        async def tail_job_logs(self, job_id: str) -> AsyncIterator[str]:
+            yield "step 1\n"
+            await asyncio.sleep(3600)  # no log line, no close: the server hangs
+            yield "never\n"
+
+        def get_job_status(self, job_id: str) -> JobStatus:
+            raise TimeoutError("the job server did not answer in 15 s")
+
+    client = Frozen([JobStatus.RUNNING])
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not answer"):
+        run_job(JOB, client)
+    assert time.monotonic() - started < 5
+    assert client.stopped == ["raysubmit_1"]

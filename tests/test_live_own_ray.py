@@ -1,16 +1,21 @@
 """The Ray a live launcher starts: it refuses unauthenticated jobs, its token shows nowhere,
-and SIGTERM (``timeout``, ``scancel``) to the launcher stops its job and then that Ray."""
+another local user can neither read nor replace its files, its secrets are in no Ray log, a
+second run of the launcher on its devices refuses instead of killing it, and SIGTERM
+(``timeout``, ``scancel``) to the launcher stops its job and then that Ray and nothing else
+(not a ``tail -f`` of its log, not a shell in its logs dir)."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -39,26 +44,44 @@ def submit_without_token(dashboard_port: int) -> int:
         return err.code
 
 
-def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
-    tiny.build(tmp_path / "models" / "tiny-qwen3", tmp_path / "data" / "tiny-task", seed=0)
-    dashboard_port = free_port()
+# Drawn per run: the checkout (this file too) is uploaded into Ray's dir as the job's working_dir.
+SECRETS = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}", "MY_SERVICE_TOKEN": uuid.uuid4().hex}
+NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")  # another local user
+
+
+def launch(tmp_path: Path, run_id: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """The CPU launcher's `train` of `run_id`, live, on its own ports, with the user's secrets
+    in its environment and one more in --extra-env."""
     argv = [
-        "train", "--run-id", "sigterm", "--model-dir", str(tmp_path / "models"),
+        "train", "--run-id", run_id, "--model-dir", str(tmp_path / "models"),
         "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
-        "--ray-port", str(free_port()), "--dashboard-port", str(dashboard_port),
-        "--agent-port", str(free_port()),
-        "--num-rollout", "1000",
+        "--ray-port", str(free_port()), "--agent-port", str(free_port()),
+        "--client-server-port", str(free_port()),
+        "--extra-env", f"MY_SERVICE_TOKEN={SECRETS['MY_SERVICE_TOKEN']},PLAIN=shown", *extra,
     ]  # fmt: skip
-    tag = RunTag(f"{CHECKOUT}/launchers/cpu/run_tiny_qwen3_lora.py", "cpu", "sigterm")
-    log = tmp_path / "launcher.log"
     with log.open("w") as out:
-        launcher = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "launchers.cpu.run_tiny_qwen3_lora", *argv],
             cwd=CHECKOUT,
-            env={**os.environ, "PYTHONPATH": CHECKOUT},
+            env={**os.environ, "PYTHONPATH": CHECKOUT, "HF_TOKEN": SECRETS["HF_TOKEN"]},
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+
+def as_nobody(command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*NOBODY, "sh", "-c", command], capture_output=True, text=True)
+
+
+def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
+    tiny.build(tmp_path / "models" / "tiny-qwen3", tmp_path / "data" / "tiny-task", seed=0)
+    dashboard_port = free_port()
+    tag = RunTag(f"{CHECKOUT}/launchers/cpu/run_tiny_qwen3_lora.py", "cpu", "sigterm")
+    log = tmp_path / "launcher.log"
+    launcher = launch(
+        tmp_path, "sigterm", log, "--dashboard-port", str(dashboard_port), "--num-rollout", "1000"
+    )
+    bystanders: list[subprocess.Popen[bytes]] = []
     try:
         deadline = time.time() + 180
         while "step 1/1000" not in log.read_text():  # the job trains
@@ -71,15 +94,67 @@ def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
         assert run_processes, "the job runs on the run's own Ray"
         for seen in run_processes:
             assert token not in seen.cmdline and token not in str(seen.environ)
+
+        # Another local user: the run's dir is private, though Ray made its own dir 0777.
+        run_dir = Path(tag.run_dir)
+        assert Path(tag.temp_dir).parent == run_dir and Path(tag.token_path).parent == run_dir
+        info = run_dir.lstat()
+        assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (os.geteuid(), 0o700)
+        assert stat.S_IMODE(Path(tag.token_path).stat().st_mode) == 0o600
+        logs = run_dir / "r" / "session_latest" / "logs"
+        agent_log = logs / "runtime_env_agent.log"
+        assert "Creating runtime env" in agent_log.read_text()
+        for attack in (
+            f"cat {tag.token_path}",
+            f"echo known > {tag.token_path}",
+            f"mv {run_dir}/r {run_dir}/r.old",
+            f"ls {run_dir}",
+            f"cat {agent_log}",
+        ):
+            assert as_nobody(attack).returncode != 0, f"another user could: {attack}"
+        assert Path(tag.token_path).read_text() == token
+
+        # The secrets reached the job through a private file, and no Ray file holds them.
+        holders = sorted(
+            str(path.relative_to(run_dir))
+            for path in run_dir.rglob("*")
+            if path.is_file()
+            and any(value.encode() in path.read_bytes() for value in SECRETS.values())
+        )
+        assert holders == ["job_env"], "a secret in clear text outside the job's own file"
+        assert stat.S_IMODE((run_dir / "job_env").stat().st_mode) == 0o600
+
+        # A second run of the launcher on the same devices refuses, naming this one.
+        second = launch(tmp_path, "second", tmp_path / "second.log")
+        assert second.wait(timeout=120) == 1
+        refusal = (tmp_path / "second.log").read_text()
+        errors = [line for line in refusal.splitlines() if "error" in line]
+        assert len(errors) == 1 and "run 'sigterm' (launcher pid " in errors[0], refusal[-2000:]
+        assert "is in progress" in errors[0] and "Traceback" not in refusal
+        steps = log.read_text().count("\nstep ")
+        while log.read_text().count("\nstep ") < steps + 2:  # the first run trains on
+            assert launcher.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+
+        # What only looks at the run's files is not the run's.
+        bystanders.append(subprocess.Popen(["tail", "-f", str(logs / "raylet.out")]))
+        bystanders.append(subprocess.Popen(["sleep", "600"], cwd=logs))
         launcher.send_signal(signal.SIGTERM)
         status = launcher.wait(timeout=60)
         left = ownership.of_run(tag, ownership.processes())
+        survivors = [process.poll() is None for process in bystanders]
     finally:
         launcher.kill()
         ownership.release(tag)
+        for process in bystanders:
+            process.kill()
+            process.wait()
     text = log.read_text()
     assert status == 143, text[-3000:]
     assert "Ray job raysubmit_" in text and " stopped\n" in text
     assert text.rstrip().endswith("python -m launchers.cpu.run_tiny_qwen3_lora: error: terminated")
     assert "Traceback" not in text and token not in text
+    assert not any(value in text for value in SECRETS.values())
     assert left == [], "the run's Ray survives"
+    assert survivors == [True, True], "a tail -f of the run's log or a shell in it was killed"
+    assert not run_dir.exists(), "the run's private dir outlives it"

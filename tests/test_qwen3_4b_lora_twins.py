@@ -64,9 +64,11 @@ def _expected_train_changes(nodes: int = 1) -> set[Change]:
     changes |= {Change("flag", "changed", name, *values, JOB) for name, values in flags.items()}
     changes |= _rocm_removed("ray_start head", JOB)
     changes |= _tag_changes(("claim_run", "ray_start head"))
-    if nodes == 1:  # the token lives in the run's temp dir, named from the tag
+    if nodes == 1:  # the token and the job's secrets live in the run's dir, named from the tag
         old, new = (tag.token_path for tag in _tags())
         changes.add(Change("setting", "changed", "auth_token_path", old, new, JOB))
+        old_env, new_env = (path.replace("auth_token", "job_env") for path in (old, new))
+        changes.add(Change("env", "changed", "GRPO_JOB_ENV_FILE", old_env, new_env, JOB))
         changes |= {
             Change("setting", "changed", "token_path", old, new, step)
             for step in ("claim_run", "ray_start head")

@@ -134,6 +134,32 @@ def test_job_submit_renders_compact_sorted_runtime_env_and_redacts_secrets():
     assert step.env_vars["WANDB_API_KEY"] == "sk-real", "the live step keeps the real value"
 
 
+def test_a_jobs_secret_file_renders_as_a_private_write_with_redacted_values():
+    token = "/tmp/grpo-1-2/auth_token"
+    step = RayJobSubmit(
+        "http://127.0.0.1:8265",
+        ("python3", "train.py"),
+        {"env_vars": {"GRPO_JOB_ENV_FILE": "/tmp/grpo-1-2/job_env"}},
+        token,
+        {"WANDB_API_KEY": "sk-real", "HF_TOKEN": "hf_real"},
+    )
+    assert step.env_file == "/tmp/grpo-1-2/job_env"
+    lines = step.render().splitlines()
+    assert lines[:3] == [
+        "(umask 077 && cat > /tmp/grpo-1-2/job_env) <<'EOF'",
+        '{"HF_TOKEN":"<redacted>","WANDB_API_KEY":"<redacted>"}',
+        "EOF",
+    ]
+    assert "sk-real" not in str(step.to_dict()) and "hf_real" not in "\n".join(lines)
+    assert step.secrets == {
+        "GRPO_JOB_ENV_FILE": "/tmp/grpo-1-2/job_env",
+        "WANDB_API_KEY": "sk-real",
+        "HF_TOKEN": "hf_real",
+    }
+    with pytest.raises(ValueError, match="secret_env needs the private dir"):
+        RayJobSubmit("http://h:8265", ("python3", "train.py"), secret_env={"HF_TOKEN": "x"})
+
+
 def test_to_dict_is_structured_and_redacted():
     step = Shell(["python3", "-c", "pass"], cwd="/w", env={"MY_SECRET": "s3", "X": "1"})
     assert step.to_dict() == {

@@ -51,7 +51,7 @@ def test_cpu_launcher_full_train_runs_live_and_the_reward_rises(
         "full-train", "--run-id", "e2e", "--model-dir", str(tmp_path / "models"),
         "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
         "--ray-port", str(free_port()), "--dashboard-port", str(free_port()),
-        "--agent-port", str(free_port()),
+        "--agent-port", str(free_port()), "--client-server-port", str(free_port()),
     ]  # fmt: skip
     started = time.perf_counter()
     status = run(LAUNCHER, argv)

@@ -60,8 +60,8 @@ def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
     head = launcher(
         "train", "--num-nodes", "2", "--actor-ranks", "2", "--num-rollout", "6",
         "--save-interval", "6", "--eval-interval", "6",
-        "--dashboard-port", str(free_port()), "--agent-port", str(free_port()), *common,
-        log=tmp_path / "head.log",
+        "--dashboard-port", str(free_port()), "--agent-port", str(free_port()),
+        "--client-server-port", str(free_port()), *common, log=tmp_path / "head.log",
     )  # fmt: skip
     on_head: set[int] = set()
     on_worker: set[int] = set()
@@ -91,6 +91,8 @@ def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
     assert [r["step"] for r in records] == list(range(6))
     assert worker_status == 143, (tmp_path / "worker.log").read_text()[-3000:]
     assert left == [], "the launchers left Ray processes running"
+    token = tmp_path / "outputs" / "two" / "ray" / "auth_token"
+    assert not token.exists(), "the cluster's token outlives the run"
 
 
 def test_a_cluster_that_never_reaches_its_size_ends_in_one_line(tmp_path):
@@ -98,7 +100,7 @@ def test_a_cluster_that_never_reaches_its_size_ends_in_one_line(tmp_path):
         "--num-nodes", "2", "--cluster-timeout", "5", "--run-id", "alone",
         "--output-dir", str(tmp_path / "outputs"), "--ray-port", str(free_port()),
         "--dashboard-port", str(free_port()), "--agent-port", str(free_port()),
-        "--ray-num-cpus", "1",
+        "--client-server-port", str(free_port()), "--ray-num-cpus", "1",
     ]  # fmt: skip
     tag = RunTag(FILE, "cpu", "alone")
     started = time.monotonic()

@@ -20,14 +20,13 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
+from harness.secrets import REDACTED, is_secret
 from trainer.rewards import reward_names
 
 PROG = "train.py"
 MAX_SEED = 2**32 - 1  # numpy's and SGLang's seeds are 32-bit
 SGLANG_PREFIX = "--sglang-"
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+([eE][-+]?\d+)?$|^-\d+[eE][-+]?\d+$")
-_SECRET_NAME = re.compile(r"key|token|secret|password", re.IGNORECASE)
-_REDACTED = "<redacted>"
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 MILES_NONZERO_STD_FILTER = (
     "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
@@ -370,8 +369,7 @@ def resolved_config(args: argparse.Namespace) -> dict[str, Any]:
     """The resolved configuration as a JSON-able dict (sorted; secret-looking extras redacted)."""
     config = dict(sorted({**vars(args), "meanings": algorithm_meanings(args)}.items()))
     config["sglang_extra"] = {
-        k: (_REDACTED if _SECRET_NAME.search(k) else v)
-        for k, v in sorted(args.sglang_extra.items())
+        k: (REDACTED if is_secret(k) else v) for k, v in sorted(args.sglang_extra.items())
     }
     return config
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainer import job_env
 from trainer.arguments import PROG, UsageError, parse_args_or_exit, resolved_config
 
 EXIT_USAGE = 2
@@ -26,6 +27,10 @@ EXIT_ENVIRONMENT = 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        job_env.load()  # the job's secrets, before the arguments read WANDB_API_KEY
+    except job_env.JobEnvError as err:
+        return _fail(err, EXIT_ENVIRONMENT)
     args = parse_args_or_exit(argv)
     if args.validate_only:
         print(json.dumps(resolved_config(args), indent=2, sort_keys=True, default=str))
