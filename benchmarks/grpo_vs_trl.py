@@ -1,11 +1,13 @@
 """GRPO LoRA step time: this project against TRL's GRPOTrainer + PEFT, same work, one run.
 
-The workload (issue 10): a Qwen3-architecture model of about 0.6B parameters with random weights
-(hidden 1024, 28 layers, 16 heads, 8 KV heads, head_dim 128, intermediate 3072, vocabulary
-151,936, tied embeddings) and a word-level tokenizer, both built locally; 8 prompts x 8 samples
-per step, 256-token prompts, 512 response tokens with EOS ignored (every sample that long), LoRA
+The workload (issue 10): a Qwen3-architecture model with random weights and a word-level
+tokenizer, both built locally: `--shape qwen3-0.6b` (the default; hidden 1024, 28 layers, 16
+heads, 8 KV heads, head_dim 128, intermediate 3072, vocabulary 151,936, tied embeddings) or
+`--shape qwen3-4b` (the seed recipe's model, `trainer.tiny`'s shape); 8 prompts x 8 samples per
+step, 256-token prompts, 512 response tokens with EOS ignored (every sample that long), LoRA
 r=64 alpha=32 dropout 0 on all linear layers, bf16, lr 2e-5, no KL (beta 0), one generation and
-one optimizer update per step; both systems' reward is `parity` (of the response's length).
+one optimizer update per step; both systems' reward is `trainer.tiny.parity` (of the response
+text's length).
 
 * *ours*: the project's fastest single-GPU pairing, SGLang rollout + PEFT trainer colocated,
   driven in this process tree through the project's own backends and `GRPOLoop.step` (the
@@ -49,12 +51,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.tiny import SHAPES
+from trainer.tiny import SHAPES, parity
 
 GIB = 2**30
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# Qwen3-0.6B as released: `trainer.tiny`'s body with its 28 layers and 151,936 embeddings.
-FULL_SHAPE = {**SHAPES["qwen3-0.6b"], "num_hidden_layers": 28, "vocab_size": 151936}
+# `--shape`: Qwen3-0.6B as released (`trainer.tiny`'s body with its 28 layers and 151,936
+# embeddings), and Qwen3-4B as released (the seed recipe's model).
+MODEL_SHAPES = {
+    "qwen3-0.6b": {**SHAPES["qwen3-0.6b"], "num_hidden_layers": 28, "vocab_size": 151936},
+    "qwen3-4b": SHAPES["qwen3-4b"],
+}
 SGLANG_FLAGS = (
     "--sglang-attention-backend triton --sglang-lora-backend triton "
     "--sglang-sampling-backend pytorch --sglang-mem-fraction-static 0.15 "
@@ -78,7 +84,12 @@ class Spec:
     lr: float
     seed: int
     rollout_backend: str
+    shape: str = "qwen3-0.6b"  # a MODEL_SHAPES key (unused with `tiny`)
     ours_flags: list[str] = field(default_factory=list)
+
+    @property
+    def model_shape(self) -> dict[str, Any]:
+        return MODEL_SHAPES[self.shape]
 
     @property
     def model_dir(self) -> str:
@@ -101,7 +112,7 @@ class StepTime:
 # ---------------------------------------------------------------------------- model, data
 
 
-def build_tokenizer(tiny: bool, *, eos: bool) -> Any:
+def build_tokenizer(spec: Spec, *, eos: bool) -> Any:
     """The tiny task's tokenizer, or a word-level one over ``t<i>`` words for the full vocabulary
     (the tokenizer of the measured TRL baseline). Without `eos` it has no end-of-sequence token,
     so no engine stops early: every response is as long as asked."""
@@ -111,11 +122,7 @@ def build_tokenizer(tiny: bool, *, eos: bool) -> Any:
     from trainer import tiny as tiny_task
 
     specials = list(tiny_task.SPECIAL_TOKENS)
-    if tiny:
-        vocab = tiny_task.vocabulary()
-    else:
-        vocab = {token: index for index, token in enumerate(specials)}
-        vocab.update({f"t{i}": i for i in range(len(specials), FULL_SHAPE["vocab_size"])})
+    vocab = tiny_task.vocabulary(None if spec.tiny else spec.model_shape["vocab_size"])
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
@@ -132,7 +139,7 @@ def prompt_words(spec: Spec) -> list[str]:
 
     if spec.tiny:
         return [*tiny_task.VERBS, *tiny_task.COLOURS]
-    return [f"t{i}" for i in range(len(tiny_task.SPECIAL_TOKENS), FULL_SHAPE["vocab_size"])]
+    return list(tiny_task.vocabulary(spec.model_shape["vocab_size"]))[len(tiny_task.vocabulary()) :]
 
 
 def build_inputs(spec: Spec, rows: int) -> None:
@@ -143,7 +150,7 @@ def build_inputs(spec: Spec, rows: int) -> None:
 
     from trainer import tiny as tiny_task
 
-    tokenizer = build_tokenizer(spec.tiny, eos=False)
+    tokenizer = build_tokenizer(spec, eos=False)
     tokenizer.save_pretrained(spec.model_dir)
     pad = tokenizer.pad_token_id
     if spec.tiny:
@@ -151,7 +158,7 @@ def build_inputs(spec: Spec, rows: int) -> None:
         model.config.eos_token_id = None
     else:
         config = Qwen3Config(
-            **FULL_SHAPE,
+            **spec.model_shape,
             tie_word_embeddings=True,
             rms_norm_eps=1e-6,
             bos_token_id=None,
@@ -273,17 +280,6 @@ def synchronize(device: str) -> None:
 # ---------------------------------------------------------------------------- reward
 
 
-def parity(text: str) -> float:
-    """Both systems' reward: the parity of the response text's length. It varies between
-    samples, so advantages are not all 0 and the adapters move."""
-    return float(len(text) % 2)
-
-
-def length_parity(args: Any, sample: Any) -> float:
-    """`parity` as ours' ``--custom-rm-path`` function (miles' ``fn(args, sample)``)."""
-    return parity(sample.response)
-
-
 # ---------------------------------------------------------------------------- ours
 
 
@@ -326,7 +322,7 @@ def ours_argv(spec: Spec, steps: int) -> list[str]:
     cuda = spec.device.startswith("cuda")
     argv = [
         "--hf-checkpoint", spec.model_dir, "--prompt-data", spec.prompt_file,
-        "--custom-rm-path", f"{__name__}.length_parity", "--num-rollout", str(steps),
+        "--custom-rm-path", "trainer.tiny.length_parity", "--num-rollout", str(steps),
         "--rollout-batch-size", str(spec.prompts), "--n-samples-per-prompt", str(spec.samples),
         "--rollout-max-response-len", str(spec.response_len),
         "--global-batch-size", str(spec.prompts * spec.samples),
@@ -450,7 +446,7 @@ def run_trl(spec: Spec, steps: int, conn: Any, memory: PeakMemory) -> None:
     from trl import GRPOTrainer
 
     cuda = spec.device.startswith("cuda")
-    tokenizer = build_tokenizer(spec.tiny, eos=True)
+    tokenizer = build_tokenizer(spec, eos=True)
     tokenizer.padding_side = "left"
     dtype = torch.bfloat16 if cuda else torch.float32
     model = AutoModelForCausalLM.from_pretrained(spec.model_dir, dtype=dtype).to(spec.device)
@@ -598,7 +594,7 @@ class Worker:
 def decode_bound(spec: Spec, hbm_tbps: float, params: int, lora_params: int) -> float:
     """Tokens/s the decode of one rollout cannot exceed at `hbm_tbps`: every decode step reads
     all weights (bf16) and LoRA weights once, and each sequence's KV cache so far."""
-    shape = FULL_SHAPE
+    shape = spec.model_shape
     kv_per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"]
     kv_per_token *= shape["head_dim"] * 2  # K and V, bf16
     rows = spec.prompts * spec.samples
@@ -647,7 +643,7 @@ def versions(spec: Spec) -> str:
 
 def count_params(spec: Spec) -> tuple[int, int]:
     """(base parameters, LoRA r=64 parameters on the seven projections of every layer)."""
-    s = FULL_SHAPE
+    s = spec.model_shape
     hidden, inter, layers = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"]
     q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
     shapes = [(hidden, q), (hidden, kv), (hidden, kv), (q, hidden)]
@@ -670,7 +666,7 @@ def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> N
     print(
         f"{spec.prompts} prompts x {spec.samples} samples, {spec.prompt_len} prompt + "
         f"{spec.response_len} response tokens, LoRA r=64 all-linear, "
-        f"{'tiny model' if spec.tiny else 'Qwen3 0.6B shape'}, {spec.device}"
+        f"{'tiny model' if spec.tiny else spec.shape + ' shape'}, {spec.device}"
     )
     header = (
         f"{'system':<6} {'steps':>5} {'median s':>9} {'min s':>8} {'max s':>8} "
@@ -736,6 +732,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="the tiny model of trainer/tiny.py")
+    parser.add_argument(
+        "--shape", choices=tuple(MODEL_SHAPES), default="qwen3-0.6b", help="model (random weights)"
+    )
     parser.add_argument("--systems", default="ours,trl", help="comma list of ours, trl")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per system (>= 1)")
     parser.add_argument("--warmup", type=int, help="untimed steps per system first (2; tiny: 1)")
@@ -780,6 +779,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         lr=options.lr,
         seed=options.seed,
         rollout_backend=options.rollout_backend or ("hf" if options.device == "cpu" else "sglang"),
+        shape=options.shape,
         ours_flags=shlex.split(options.ours_flags),
     )
     missing = missing_packages(spec, systems)

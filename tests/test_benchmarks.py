@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer.tiny import vocabulary
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -31,16 +33,21 @@ def full_spec(bench, **changes):
     return bench.Spec(**values)
 
 
-def test_parameter_counts_match_the_model_and_adapter(bench):
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [("qwen3-0.6b", (596_049_920, 40_370_176)), ("qwen3-4b", (4_022_468_096, 132_120_576))],
+)
+def test_parameter_counts_match_the_model_and_adapter(bench, shape, expected):
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    spec = full_spec(bench, shape=shape)
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(Qwen3Config(**bench.FULL_SHAPE, tie_word_embeddings=True))
+        model = Qwen3ForCausalLM(Qwen3Config(**spec.model_shape, tie_word_embeddings=True))
         base = sum(p.numel() for p in model.parameters())
         lora = get_peft_model(model, LoraConfig(r=64, target_modules=bench.TARGETS))
         adapter = sum(p.numel() for p in lora.parameters() if p.requires_grad)
-    assert bench.count_params(full_spec(bench)) == (base, adapter) == (596_049_920, 40_370_176)
+    assert bench.count_params(spec) == (base, adapter) == expected
 
 
 def test_decode_bound(bench):
@@ -89,6 +96,14 @@ def test_both_systems_get_the_same_varying_reward(bench):
     texts = ["t7 t81", "t7 t812", "t70 t812"]
     rewards = [ours(args, RewardSample("p", text, "label")) for text in texts]
     assert rewards == [bench.parity(text) for text in texts] == [0.0, 1.0, 0.0]
+
+
+def test_the_4b_shape_builds_its_whole_vocabulary(bench):
+    spec = full_spec(bench, shape="qwen3-4b")
+    tokenizer = bench.build_tokenizer(spec, eos=False)
+    assert len(tokenizer) == 151936 and tokenizer.eos_token is None
+    words = bench.prompt_words(spec)
+    assert len(words) == 151936 - len(vocabulary()) and words[0].startswith("t")
 
 
 def test_phase_medians(bench):

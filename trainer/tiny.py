@@ -139,11 +139,15 @@ def tiny_reward(response: str, label: Any) -> float:
     return float(bool(words) and words[0].lower() == str(label).strip().lower())
 
 
+def parity(text: str) -> float:
+    """The parity of a response text's length: a reward that varies between a random model's
+    samples, so GRPO has advantages to follow where the task's own reward is always 0."""
+    return float(len(text) % 2)
+
+
 def length_parity(args: Any, sample: Any) -> float:
-    """A ``--custom-rm-path`` reward (miles' ``fn(args, sample)``): the parity of the response
-    text's length. It varies between a random model's samples, so GRPO has advantages to follow
-    where the task's own reward is always 0."""
-    return float(len(sample.response) % 2)
+    """`parity` as a ``--custom-rm-path`` reward (miles' ``fn(args, sample)``)."""
+    return parity(sample.response)
 
 
 def task_rows(count: int, rng: random.Random) -> list[dict]:
