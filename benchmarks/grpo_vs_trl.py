@@ -348,7 +348,7 @@ class Ours:
         from trainer.arguments import parse_args
         from trainer.backends import registry
         from trainer.backends.colocate import Colocation
-        from trainer.data import rollout_source_from_args
+        from trainer.data import rollout_source
         from trainer.loop import GRPOLoop
         from trainer.metrics import MetricsLogger
 
@@ -359,17 +359,17 @@ class Ours:
         colocation = Colocation.start_engines_first(
             lambda: registry.create_rollout(args, device),
             lambda: InProcessTrainers(registry.create_trainer(args, device, total_steps=steps)),
-            colocate=args.colocate,
+            colocate=args.placement.colocate,
         )
         self.loop = GRPOLoop(
             args,
             trainers=colocation.trainer,
             engines=colocation.engine,
             tokenizer=tokenizer,
-            source=rollout_source_from_args(args, tokenizer),
+            source=rollout_source(args, tokenizer),
             eval_sets={},
             logger_factory=lambda start, total: MetricsLogger(
-                Path(args.output_dir), total_steps=total, start_step=start
+                Path(args.checkpoint.output_dir), total_steps=total, start_step=start
             ),
             colocation=colocation,
         )

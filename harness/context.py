@@ -159,8 +159,8 @@ def check_local_outputs(plan: Plan) -> None:
         )
         if argv is None or not here:
             continue
-        args = parse_args(argv)
-        for flag, value in (("--output-dir", args.output_dir), ("--save", args.save)):
+        paths = parse_args(argv).checkpoint
+        for flag, value in (("--output-dir", paths.output_dir), ("--save", paths.save)):
             if value and (problem := writable_dir_problem(Path(plan.host.path(value)))):
                 raise LaunchError(f"train.py {flag} {value}: {problem}")
 

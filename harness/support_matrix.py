@@ -56,7 +56,6 @@ EVIDENCE: Mapping[str, str] = {
 
 
 _PLATFORMS = {"amd": "ROCm", "nvidia": "CUDA"}
-_TRAIN_BACKENDS = {"megatron": "Megatron-Bridge", "torch": "PyTorch + PEFT"}
 _HEADER = (
     "| Model | Platform | Training backend | Rollout backend | Evidence | Launcher |\n"
     "| --- | --- | --- | --- | --- | --- |"
@@ -68,8 +67,10 @@ class MatrixError(Exception):
 
 
 def row(launcher: Launcher) -> str:
-    """The launcher's row: what it downloads and the backends its train.py argv resolves to."""
+    """The launcher's row: what it downloads and the backends its train.py argv resolves to
+    (their names as the backend registry gives them)."""
     from trainer.arguments import parse_args
+    from trainer.backends import registry
 
     recordings = [record(launcher, name) for name in launcher.recordings]
     steps = [step for recording in recordings for step in recording.steps]
@@ -79,19 +80,19 @@ def row(launcher: Launcher) -> str:
     args = parse_args(argv)
     models = [s.repo_id for s in steps if isinstance(s, HubDownload) and s.repo_type == "model"]
     model = ", ".join(f"`{m}`" for m in dict.fromkeys(models))
-    model = model or f"`{Path(args.hf_checkpoint).name}` (built locally, no download)"
+    model = model or f"`{Path(args.checkpoint.hf_checkpoint).name}` (built locally, no download)"
     vendor = launcher_vendor(launcher)
     platform = "CPU (no GPU)" if vendor == "cpu" else _PLATFORMS[vendor]
     if vendor != "cpu":
         platform += f" ({', '.join(launcher.supported_hardware)})"
-    training = _TRAIN_BACKENDS[args.train_backend] + (", colocated" if args.colocate else "")
-    if args.rollout_backend == "sglang":
-        rollout = (
-            f"SGLang (attention `{args.sglang_attention_backend or 'default'}`, "
-            f"LoRA `{args.sglang_lora_backend or 'default'}`)"
+    train, rollout_spec = registry.selected(args)
+    training = train.display + (", colocated" if args.placement.colocate else "")
+    rollout = rollout_spec.display
+    if rollout_spec.name == "sglang":
+        rollout += (
+            f" (attention `{args.sglang.sglang_attention_backend or 'default'}`, "
+            f"LoRA `{args.sglang.sglang_lora_backend or 'default'}`)"
         )
-    else:
-        rollout = "transformers `generate`"
     evidence = EVIDENCE.get(launcher.module)
     if evidence is None:
         raise MatrixError(f"{launcher.module} declares no evidence in harness.support_matrix")

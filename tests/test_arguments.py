@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from trainer import arguments
-from trainer.arguments import UsageError, parse_args, parse_args_or_exit, resolved_config
+from trainer.arguments import UsageError, parse_args, parse_args_or_exit, render
 from trainer.main import main as train_main
 
 BASE = ["--hf-checkpoint", "/models/tiny", "--prompt-data", "/data/train.jsonl"]
@@ -55,29 +55,42 @@ def error_of(argv: list[str]) -> str:
 
 def test_small_defaults_resolve_derived_values() -> None:
     args = parse_args(BASE)
-    assert args.lora_rank == 16 and args.lora_alpha == 32.0 and args.target_modules == "all-linear"
-    assert args.train_backend == "torch" and args.rollout_backend == "hf"
-    assert args.eps_clip_high == args.eps_clip == 0.2
-    assert args.global_batch_size == args.rollout_batch_size * args.n_samples_per_prompt
-    assert args.num_epoch == 1 and args.num_rollout is None
-    assert args.rollout_num_gpus == 1 and args.num_gpus_per_node == 1
-    assert args.device == "auto" and args.dtype == "auto"
+    assert (
+        args.lora.lora_rank == 16
+        and args.lora.lora_alpha == 32.0
+        and args.lora.target_modules == "all-linear"
+    )
+    assert args.placement.train_backend == "torch" and args.placement.rollout_backend == "hf"
+    assert args.algorithm.eps_clip_high == args.algorithm.eps_clip == 0.2
+    assert (
+        args.batch.global_batch_size
+        == args.rollout.rollout_batch_size * args.rollout.n_samples_per_prompt
+    )
+    assert args.rollout.num_epoch == 1 and args.rollout.num_rollout is None
+    assert args.placement.rollout_num_gpus == 1 and args.placement.num_gpus_per_node == 1
+    assert args.placement.device == "auto" and args.placement.dtype == "auto"
     # miles' defaults: group std normalisation on, no whitening, k1, per-sample mean
-    assert args.grpo_std_normalization is True and args.normalize_advantages is False
-    assert args.kl_loss_type == "k1" and args.loss_agg == "seq-mean-token-mean"
-    assert args.sglang_extra == {} and args.eval_datasets == {}
-    assert args.eval_max_response_len == args.rollout_max_response_len
-    assert args.output_dir == "./outputs" and args.seed == 1234
+    assert (
+        args.algorithm.grpo_std_normalization is True
+        and args.algorithm.normalize_advantages is False
+    )
+    assert args.algorithm.kl_loss_type == "k1" and args.algorithm.loss_agg == "seq-mean-token-mean"
+    assert args.sglang.sglang_extra == {} and args.eval.eval_datasets == {}
+    assert args.eval.eval_max_response_len == args.rollout.rollout_max_response_len
+    assert args.checkpoint.output_dir == "./outputs" and args.misc.seed == 1234
 
 
 def test_production_argv_is_accepted() -> None:
     args = parse_args(AMD_ARGV)
-    assert args.rollout_num_gpus == 8  # colocated: the actor's GPUs
-    assert args.device == "cuda" and args.dtype == "bf16"
-    assert args.eps_clip_high == 0.28 and args.lora_alpha == 32.0
-    assert args.eval_datasets == {"aime": "/root/data/aime-2024.jsonl"}
-    assert arguments.data_parallel_size(args) == 4  # 8 GPUs / TP 2
-    assert args.sglang_lora_backend == "triton" and args.sglang_chunked_prefill_size == 4096
+    assert args.placement.rollout_num_gpus == 8  # colocated: the actor's GPUs
+    assert args.placement.device == "cuda" and args.placement.dtype == "bf16"
+    assert args.algorithm.eps_clip_high == 0.28 and args.lora.lora_alpha == 32.0
+    assert args.eval.eval_datasets == {"aime": "/root/data/aime-2024.jsonl"}
+    assert args.data_parallel_size == 4  # 8 GPUs / TP 2
+    assert (
+        args.sglang.sglang_lora_backend == "triton"
+        and args.sglang.sglang_chunked_prefill_size == 4096
+    )
 
 
 def test_undeclared_sglang_flags_are_collected() -> None:
@@ -98,13 +111,13 @@ def test_undeclared_sglang_flags_are_collected() -> None:
             "1e-4",
         ]
     )
-    assert args.sglang_extra == {
+    assert args.sglang.sglang_extra == {
         "max-running-requests": "64",
         "enable-metrics": "true",
         "cuda-graph-bs-decode": "1 2 4",
         "log-level": "warning",
     }
-    assert args.lr == 1e-4
+    assert args.optimizer.lr == 1e-4
 
 
 @pytest.mark.parametrize(
@@ -188,8 +201,8 @@ def test_required_flags() -> None:
 
 def test_load_without_save_is_fine_and_pairs_parse() -> None:
     args = parse_args([*BASE, "--load", "/ckpt", "--eval-prompt-data", "a", "x", "b", "y"])
-    assert args.load == "/ckpt" and args.save is None
-    assert args.eval_datasets == {"a": "x", "b": "y"}
+    assert args.checkpoint.load == "/ckpt" and args.checkpoint.save is None
+    assert args.eval.eval_datasets == {"a": "x", "b": "y"}
 
 
 def test_miles_advantage_flags_keep_their_miles_meaning() -> None:
@@ -202,9 +215,12 @@ def test_miles_advantage_flags_keep_their_miles_meaning() -> None:
             "k3",
         ]
     )
-    assert args.normalize_advantages is True and args.grpo_std_normalization is False
-    assert args.kl_loss_type == "k3"
-    assert arguments.algorithm_meanings(args)["advantage"] == (
+    assert (
+        args.algorithm.normalize_advantages is True
+        and args.algorithm.grpo_std_normalization is False
+    )
+    assert args.algorithm.kl_loss_type == "k3"
+    assert args.algorithm.meanings(args.rollout)["advantage"] == (
         "reward - group mean, then whitened over all response tokens of the rollout"
     )
     with pytest.raises(UsageError, match="unrecognized argument --no-normalize-advantages"):
@@ -230,7 +246,9 @@ def test_validate_only_shows_the_miles_meanings_of_a_miles_argv(capsys) -> None:
 
 
 def test_a_group_of_one_has_no_std_normalisation() -> None:
-    assert parse_args([*BASE, "--n-samples-per-prompt", "1"]).grpo_std_normalization is False
+    assert (
+        parse_args([*BASE, "--n-samples-per-prompt", "1"]).algorithm.grpo_std_normalization is False
+    )
 
 
 @pytest.mark.parametrize(
@@ -243,7 +261,7 @@ def test_a_group_of_one_has_no_std_normalisation() -> None:
     ],
 )
 def test_loss_aggregation_follows_miles_unless_loss_agg_says_otherwise(extra, agg) -> None:
-    assert parse_args([*BASE, *extra]).loss_agg == agg
+    assert parse_args([*BASE, *extra]).algorithm.loss_agg == agg
 
 
 def test_per_token_loss_and_a_per_sample_loss_agg_contradict() -> None:
@@ -253,37 +271,37 @@ def test_per_token_loss_and_a_per_sample_loss_agg_contradict() -> None:
 
 def test_wandb_mode_follows_the_key_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    assert parse_args(BASE).wandb_mode == "offline"
+    assert parse_args(BASE).wandb.wandb_mode == "offline"
     monkeypatch.setenv("WANDB_API_KEY", "k")
-    assert parse_args(BASE).wandb_mode == "online"
-    assert parse_args([*BASE, "--wandb-mode", "disabled"]).wandb_mode == "disabled"
+    assert parse_args(BASE).wandb.wandb_mode == "online"
+    assert parse_args([*BASE, "--wandb-mode", "disabled"]).wandb.wandb_mode == "disabled"
     assert not any(a.option_strings == ["--wandb-key"] for a in arguments.build_parser()._actions)
 
 
 def test_device_and_dtype_resolution() -> None:
     args = parse_args([*BASE, "--device", "cpu"])
-    assert args.dtype == "fp32"
-    assert arguments.resolve_device(args) == "cpu"
+    assert args.placement.dtype == "fp32"
+    assert args.placement.resolve_device() == "cpu"
     args = parse_args([*BASE, "--device", "cuda"])
-    assert args.dtype == "bf16"
+    assert args.placement.dtype == "bf16"
     args = parse_args([*BASE, "--device", "cuda", "--dtype", "fp32"])
-    assert args.dtype == "fp32"
+    assert args.placement.dtype == "fp32"
     auto = parse_args(BASE)
-    assert arguments.resolve_dtype(auto, "cpu") == "fp32"
-    assert arguments.resolve_dtype(auto, "cuda") == "bf16"
+    assert auto.placement.resolve_dtype("cpu") == "fp32"
+    assert auto.placement.resolve_dtype("cuda") == "bf16"
 
 
 def test_module_lists() -> None:
     args = parse_args([*BASE, "--target-modules", "q_proj, v_proj", "--exclude-modules", "lm_head"])
-    assert arguments.target_modules(args) == ["q_proj", "v_proj"]
-    assert arguments.exclude_modules(args) == ["lm_head"]
-    assert arguments.target_modules(parse_args(BASE)) == "all-linear"
-    assert arguments.exclude_modules(parse_args(BASE)) == []
+    assert args.lora.modules() == ("q_proj", "v_proj")
+    assert args.lora.excluded() == ("lm_head",)
+    assert parse_args(BASE).lora.modules() == "all-linear"
+    assert parse_args(BASE).lora.excluded() == ()
 
 
 def test_resolved_config_is_json_and_redacts_secret_extras() -> None:
     argv = [*BASE, "--rollout-backend", "sglang", "--sglang-api-key", "s3cret"]
-    config = resolved_config(parse_args(argv))
+    config = parse_args(argv).as_dict()
     text = json.dumps(config)
     assert "s3cret" not in text
     assert config["sglang_extra"] == {"api-key": "<redacted>"}
@@ -308,7 +326,7 @@ def test_the_trainer_redacts_with_the_harness_pattern(name: str, secret: bool) -
     from harness.secrets import is_secret
 
     argv = [*BASE, "--rollout-backend", "sglang", f"--sglang-{name}", "4096"]
-    config = resolved_config(parse_args(argv))
+    config = parse_args(argv).as_dict()
     assert (config["sglang_extra"][name] == "<redacted>") is secret is is_secret(name)
 
 
@@ -320,7 +338,7 @@ def test_parse_args_or_exit_prints_one_line_and_exits_2(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err == "train.py: error: --lora-rank must be > 0 (got 0)\n"
-    assert parse_args_or_exit(BASE).lora_rank == 16
+    assert parse_args_or_exit(BASE).lora.lora_rank == 16
 
 
 def test_unknown_sglang_flag_is_rejected_with_close_names() -> None:
@@ -372,11 +390,21 @@ def test_miles_yardstick_flags_pass_validate_only(flags, resolved, capsys) -> No
 
 def test_new_options_are_off_by_default() -> None:
     args = parse_args(BASE)
-    assert (args.use_tis, args.eps_clip_c, args.dynamic_sampling_filter_path) == (False, None, None)
-    assert (args.custom_rm_path, args.reward_key, args.rollout_stop_token_ids) == (None, None, None)
-    assert args.apply_chat_template_kwargs == {} and args.advantage_estimator == "grpo"
-    assert args.over_sampling_batch_size == args.rollout_batch_size
-    assert (args.overlong_filter, args.overlong_buffer_len) == (False, None)
+    assert (
+        args.algorithm.use_tis,
+        args.algorithm.eps_clip_c,
+        args.rollout.dynamic_sampling_filter_path,
+    ) == (False, None, None)
+    assert (
+        args.reward.custom_rm_path,
+        args.reward.reward_key,
+        args.rollout.rollout_stop_token_ids,
+    ) == (None, None, None)
+    assert (
+        args.data.apply_chat_template_kwargs == {} and args.algorithm.advantage_estimator == "grpo"
+    )
+    assert args.rollout.over_sampling_batch_size == args.rollout.rollout_batch_size
+    assert (args.algorithm.overlong_filter, args.algorithm.overlong_buffer_len) == (False, None)
 
 
 @pytest.mark.parametrize(
@@ -398,3 +426,73 @@ def test_new_options_are_off_by_default() -> None:
 def test_bad_option_values_are_one_line_errors(flags: str, message: str) -> None:
     with pytest.raises(UsageError, match=re.escape(message)):
         parse_args([*BASE, *shlex.split(flags)])
+
+
+RENDERED = {
+    "defaults": BASE,
+    "AMD recipe": AMD_ARGV,
+    "miles flags": [
+        *BASE, "--disable-grpo-std-normalization", "--normalize-advantages", "--use-tis",
+        "--rollout-stop", "</answer>", "\n\n", "--rollout-stop-token-ids", "151643", "-1",
+        "--apply-chat-template-kwargs", '{"enable_thinking": false}', "--wandb-run-name=-run",
+        "--wandb-project", "", "--eval-prompt-data", "a", "/x", "--lr", "3e-06",
+    ],
+    "sglang extras": [
+        *BASE, "--rollout-backend", "sglang", "--sglang-enable-metrics",
+        "--sglang-cuda-graph-bs-decode", "1", "2", "--sglang-log-level=-x", "--sglang-api-key=",
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", RENDERED.values(), ids=RENDERED.keys())
+def test_render_is_the_inverse_of_parsing(argv: list[str]) -> None:
+    config = parse_args(argv)
+    rendered = render(config)
+    assert parse_args(rendered) == config
+    assert render(parse_args(rendered)) == rendered
+
+
+def test_render_gives_only_what_differs_from_the_defaults() -> None:
+    from trainer.config import CheckpointConfig, DataConfig, LoraConfig, TrainConfig
+
+    config = TrainConfig(
+        checkpoint=CheckpointConfig(hf_checkpoint="/m"),
+        data=DataConfig(prompt_data="/d"),
+        lora=LoraConfig(lora_rank=64, lora_base_cpu_backup=True),
+    )
+    assert render(config) == [
+        "--hf-checkpoint", "/m", "--lora-rank", "64", "--lora-base-cpu-backup",
+        "--prompt-data", "/d",
+    ]  # fmt: skip
+    assert parse_args(render(config)).lora == config.lora
+
+
+def test_every_setting_has_one_name_across_the_groups() -> None:
+    import dataclasses
+    import typing
+
+    from trainer.config import TrainConfig
+
+    names = [
+        field.name
+        for group in typing.get_type_hints(TrainConfig).values()
+        for field in dataclasses.fields(group)
+    ]
+    assert len(names) == len(set(names))
+    assert set(parse_args(BASE).as_dict()) == {*names, "meanings"}
+
+
+def test_parsing_needs_no_torch() -> None:
+    """Launchers check their argv with this parser on a base install (no torch)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from tests.test_arguments import AMD_ARGV\n"
+        "from trainer.arguments import parse_args\n"
+        "print(parse_args(AMD_ARGV).placement.train_backend)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "megatron\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import importlib
 import inspect
 import sys
@@ -13,12 +13,56 @@ import pytest
 from trainer.backends import registry
 
 
-def test_every_name_the_argv_accepts_has_a_backend() -> None:
+def test_the_argv_accepts_the_registry_names() -> None:
     from trainer.arguments import build_parser
 
     choices = {a.dest: set(a.choices) for a in build_parser()._actions if a.choices}
-    assert set(registry.TRAIN_BACKENDS) == choices["train_backend"]
-    assert set(registry.ROLLOUT_BACKENDS) == choices["rollout_backend"]
+    assert set(registry.TRAIN_BACKENDS) == choices["train_backend"] == {"megatron", "torch"}
+    assert set(registry.ROLLOUT_BACKENDS) == choices["rollout_backend"] == {"sglang", "hf"}
+
+
+def config_of(*argv: str):
+    from trainer.arguments import parse_args
+
+    return parse_args(["--hf-checkpoint", "/m", "--prompt-data", "/d", *argv])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--tensor-model-parallel-size", "2", "--actor-num-gpus-per-node", "2"],
+            "--tensor-model-parallel-size 2 needs --train-backend megatron",
+        ),
+        (
+            ["--sglang-attention-backend", "triton"],
+            "--sglang-attention-backend needs --rollout-backend sglang",
+        ),
+        (
+            ["--device", "cpu", "--rollout-backend", "sglang"],
+            "--device cpu works only with --train-backend torch and --rollout-backend hf",
+        ),
+    ],
+)
+def test_the_argv_checks_come_from_the_registry(monkeypatch, argv, message) -> None:
+    """A backend's flag group and its GPU need are the registry's: an unselected backend's
+    flags are refused, and a CPU run refuses the backends the registry marks GPU-only."""
+    from trainer.errors import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        config_of(*argv)
+    # without the flag group, or the GPU need, in the registry the same argv passes
+    for table in (registry.TRAIN_BACKENDS, registry.ROLLOUT_BACKENDS):
+        for name, spec in list(table.items()):
+            monkeypatch.setitem(table, name, dataclasses.replace(spec, flags=None, needs_gpu=False))
+    config_of(*argv)
+
+
+def test_the_adapter_targets_follow_the_trainer() -> None:
+    """A trainer that fuses projections (Megatron) widens q_proj to q/k/v; PEFT does not."""
+    fused = config_of("--train-backend", "megatron", "--target-modules", "q_proj")
+    assert registry.adapter_targets(fused).hf == ("q_proj", "k_proj", "v_proj")
+    assert registry.adapter_targets(config_of("--target-modules", "q_proj")).hf == ("q_proj",)
 
 
 @pytest.mark.parametrize(
@@ -34,7 +78,7 @@ def test_backend_modules_expose_the_factory_without_importing_heavy_packages(spe
     assert spec.module == module
     factory = importlib.import_module(module).create
     params = list(inspect.signature(factory).parameters.values())
-    assert [p.name for p in params[:2]] == ["args", "device"]
+    assert [p.name for p in params[:2]] == ["config", "device"]
     keyword = "total_steps" if spec in registry.TRAIN_BACKENDS.values() else "engine_index"
     assert [p.name for p in params[2:]] == [keyword]
     assert params[2].kind is inspect.Parameter.KEYWORD_ONLY
@@ -65,15 +109,17 @@ def test_any_trainer_pairs_with_any_engine(monkeypatch, train: str, rollout: str
     monkeypatch.setitem(sys.modules, "fake_backend", fake)
     for table in (registry.TRAIN_BACKENDS, registry.ROLLOUT_BACKENDS):
         for name in list(table):
-            monkeypatch.setitem(table, name, registry.BackendSpec(name, "fake_backend", ()))
-    args = argparse.Namespace(train_backend=train, rollout_backend=rollout)
-    registry.create_trainer(args, "cuda:3", total_steps=7)
-    registry.create_rollout(args, "cuda:3")
-    registry.create_rollout(args, "cuda:3", engine_index=2)
+            monkeypatch.setitem(
+                table, name, registry.BackendSpec(name, name, "fake_backend", packages=())
+            )
+    config = config_of("--train-backend", train, "--rollout-backend", rollout)
+    registry.create_trainer(config, "cuda:3", total_steps=7)
+    registry.create_rollout(config, "cuda:3")
+    registry.create_rollout(config, "cuda:3", engine_index=2)
     assert calls == [
-        ((args, "cuda:3"), {"total_steps": 7}),
-        ((args, "cuda:3"), {"engine_index": 0}),
-        ((args, "cuda:3"), {"engine_index": 2}),
+        ((config, "cuda:3"), {"total_steps": 7}),
+        ((config, "cuda:3"), {"engine_index": 0}),
+        ((config, "cuda:3"), {"engine_index": 2}),
     ]
 
 

@@ -92,9 +92,9 @@ def test_both_systems_get_the_same_varying_reward(bench):
     from trainer.rewards import RewardSample
 
     args = parse_args(bench.ours_argv(full_spec(bench, work="/w"), steps=1))
-    ours = _user_function(args.custom_rm_path)
+    ours = _user_function(args.reward.custom_rm_path)
     texts = ["t7 t81", "t7 t812", "t70 t812"]
-    rewards = [ours(args, RewardSample("p", text, "label")) for text in texts]
+    rewards = [ours(args.miles_args(), RewardSample("p", text, "label")) for text in texts]
     assert rewards == [bench.parity(text) for text in texts] == [0.0, 1.0, 0.0]
 
 

@@ -13,10 +13,10 @@ from trainer.data import (
     DataError,
     RolloutDataSource,
     Sample,
-    eval_sets_from_args,
+    eval_sets,
     load_prompts,
     num_rollouts_for_epochs,
-    rollout_source_from_args,
+    rollout_source,
 )
 
 CHAT_TEMPLATE = (
@@ -219,10 +219,10 @@ def test_sources_from_args(tmp_path: Path, tokenizer) -> None:
             "--eval-prompt-data", "tiny", str(evals),
         ]
     )  # fmt: skip
-    source = rollout_source_from_args(args, tokenizer)
+    source = rollout_source(args, tokenizer)
     assert len(source) == 6 and source.shuffle and source.seed == 5
     assert source.samples[0].prompt == "<|im_start|>user 0 <|im_end|> <|im_start|>assistant "
-    sets = eval_sets_from_args(args, tokenizer)
+    sets = eval_sets(args, tokenizer)
     assert list(sets) == ["tiny"] and sets["tiny"][0].label == "2"
 
 
@@ -231,7 +231,7 @@ def test_chat_template_kwargs_reach_the_template(tmp_path: Path, tokenizer) -> N
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.chat_template = CHAT_TEMPLATE + "{% if enable_thinking is false %}be{% endif %}"
     argv = ["--hf-checkpoint", "m", "--prompt-data", str(path), "--apply-chat-template"]
-    plain = rollout_source_from_args(parse_args(argv), tokenizer).samples[0].prompt
+    plain = rollout_source(parse_args(argv), tokenizer).samples[0].prompt
     thinking_off = ["--apply-chat-template-kwargs", '{"enable_thinking": false}']
-    off = rollout_source_from_args(parse_args([*argv, *thinking_off]), tokenizer).samples[0]
+    off = rollout_source(parse_args([*argv, *thinking_off]), tokenizer).samples[0]
     assert off.prompt == plain + "be"

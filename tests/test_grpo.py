@@ -206,12 +206,16 @@ def test_micro_batches_sum_to_the_global_batch(mode: str) -> None:
     assert summed == pytest.approx(whole_metrics)
 
 
-def test_config_from_args() -> None:
-    args = parse_args(
+def test_the_algorithm_flags_give_the_loss_settings() -> None:
+    config = parse_args(
         ["--hf-checkpoint", "m", "--prompt-data", "d.jsonl", "--eps-clip", "0.1", "--use-kl-loss",
          "--kl-loss-coef", "0.01", "--loss-agg", "seq-mean-token-sum"]
     )  # fmt: skip
-    assert GRPOConfig.from_args(args) == GRPOConfig(
+    gspo = parse_args(
+        ["--hf-checkpoint", "m", "--prompt-data", "d", "--advantage-estimator", "gspo"]
+    )
+    assert gspo.algorithm.loss(gspo.rollout).sequence_ratio is True
+    assert config.algorithm.loss(config.rollout) == GRPOConfig(
         eps_clip=0.1,
         eps_clip_high=0.1,
         loss_agg="seq-mean-token-sum",

@@ -18,8 +18,9 @@ from trainer.arguments import parse_args
 from trainer.backends.base import Generation, adapter_digest
 from trainer.backends.hf_rollout import HFRolloutEngine
 from trainer.backends.peft_trainer import create as create_trainer
-from trainer.data import eval_sets_from_args, rollout_source_from_args
-from trainer.loop import GRPOLoop, pack, rollout_metrics, schedule
+from trainer.batching import pack, schedule
+from trainer.data import eval_sets, rollout_source
+from trainer.loop import GRPOLoop, rollout_metrics
 from trainer.metrics import METRICS_FILE, MetricsLogger, console_line, read_metrics, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,20 +112,20 @@ def make_loop(argv: Sequence[str], engines=LocalEngines) -> tuple[GRPOLoop, Loca
     from transformers import AutoTokenizer
 
     args = parse_args(argv)
-    tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
-    source = rollout_source_from_args(args, tokenizer)
-    total = (args.num_rollout or 1) * 2
+    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint.hf_checkpoint)
+    source = rollout_source(args, tokenizer)
+    total = (args.rollout.num_rollout or 1) * 2
     trainers = LocalTrainers(create_trainer(args, "cpu", total_steps=total))
-    engines = engines(HFRolloutEngine(args.hf_checkpoint), trainers.calls)
+    engines = engines(HFRolloutEngine(args.checkpoint.hf_checkpoint), trainers.calls)
     loop = GRPOLoop(
         args,
         trainers=trainers,
         engines=engines,
         tokenizer=tokenizer,
         source=source,
-        eval_sets=eval_sets_from_args(args, tokenizer),
+        eval_sets=eval_sets(args, tokenizer),
         logger_factory=lambda start, steps: MetricsLogger(
-            Path(args.output_dir), total_steps=steps, start_step=start, args=args
+            Path(args.checkpoint.output_dir), total_steps=steps, start_step=start, config=args
         ),
     )
     return loop, trainers
@@ -194,7 +195,7 @@ def train_once(tiny_dirs, tmp_path, *extra: str):
     loop, trainers = make_loop(recipe_argv(model, data, tmp_path, *extra))
     trainers = CountingTrainers(trainers.trainer)
     loop.trainers = trainers
-    samples = loop.source.next_batch(loop.args.rollout_batch_size)
+    samples = loop.source.next_batch(loop.config.rollout.rollout_batch_size)
     generations = loop.generate(samples, 0, evaluation=False)
     advantages = torch.linspace(-1.0, 1.0, len(generations))
     metrics = loop.train(generations, advantages, Timer())
@@ -232,11 +233,11 @@ def test_old_logprobs_forward_runs_only_for_several_steps_per_rollout(
 
 def test_bucketing_keeps_the_steps(tiny_dirs, tmp_path, monkeypatch):
     """Length-bucketed micro-batches take the steps contiguous micro-batches take."""
-    import trainer.loop
+    import trainer.batching
 
     bucketed, bucketed_grads, _ = train_once(tiny_dirs, tmp_path / "a")
     monkeypatch.setattr(
-        trainer.loop,
+        trainer.batching,
         "bucketed",
         lambda indices, lengths, size: [
             indices[i : i + size] for i in range(0, len(indices), size)
@@ -352,8 +353,8 @@ def test_wandb_logs_offline_into_the_output_dir(tmp_path, monkeypatch):
         ["--hf-checkpoint", "m", "--prompt-data", "p.jsonl", "--use-wandb",
          "--wandb-project", "tiny-test", "--output-dir", str(tmp_path)]
     )  # fmt: skip
-    assert args.wandb_mode == "offline"
-    logger = MetricsLogger(tmp_path, total_steps=1, args=args)
+    assert args.wandb.wandb_mode == "offline"
+    logger = MetricsLogger(tmp_path, total_steps=1, config=args)
     logger.log(0, {"rollout/reward_mean": 0.5})
     logger.close()
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
@@ -423,7 +424,9 @@ def test_validate_only_prints_the_config_and_imports_nothing_heavy(tmp_path):
 
 
 def constant_reward(args, sample) -> dict:
-    """A miles-style custom reward for the options test: (args, sample) -> dict, read by key."""
+    """A miles-style custom reward for the options test: (args, sample) -> dict, read by key;
+    `args` is miles' flat namespace of the settings."""
+    assert args.n_samples_per_prompt == 4 and args.rm_type == "tiny"
     return {"score": 0.25, "other": 9.0}
 
 

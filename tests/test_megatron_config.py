@@ -8,6 +8,7 @@ import pytest
 
 from trainer.arguments import parse_args
 from trainer.backends import megatron_config as mc
+from trainer.backends import registry
 from trainer.backends.megatron_lora_names import LoraNameError
 
 BASE = [
@@ -27,7 +28,7 @@ def test_provider_settings_carry_parallelism_and_recompute() -> None:
         "--sequence-parallel", "--recompute-granularity", "full", "--recompute-method",
         "uniform", "--recompute-num-layers", "1", "--attention-softmax-in-fp32",
     )  # fmt: skip
-    settings = mc.provider_settings(args)
+    settings = mc.provider_settings(args.megatron)
     assert settings["tensor_model_parallel_size"] == 2
     assert settings["pipeline_model_parallel_size"] == 2
     assert settings["sequence_parallel"] is True
@@ -39,7 +40,7 @@ def test_provider_settings_carry_parallelism_and_recompute() -> None:
 
 
 def test_softmax_precision_is_left_to_the_model_unless_asked() -> None:
-    assert "attention_softmax_in_fp32" not in mc.provider_settings(_args())
+    assert "attention_softmax_in_fp32" not in mc.provider_settings(_args().megatron)
 
 
 @pytest.mark.parametrize(
@@ -56,20 +57,24 @@ def test_softmax_precision_is_left_to_the_model_unless_asked() -> None:
     ],
 )  # fmt: skip
 def test_sequence_multiple(extra: list[str], multiple: int) -> None:
-    assert mc.sequence_multiple(_args(*extra)) == multiple
+    assert mc.sequence_multiple(_args(*extra).megatron) == multiple
+
+
+def lora_settings(config) -> dict:
+    return mc.lora_settings(config.lora, registry.adapter_targets(config))
 
 
 def test_lora_settings_resolve_all_linear_and_exclusions() -> None:
-    assert mc.lora_settings(_args()) == {
+    assert lora_settings(_args()) == {
         "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
         "dim": 64,
         "alpha": 32.0,
         "dropout": 0.0,
     }
-    settings = mc.lora_settings(_args("--exclude-modules", "gate_proj,up_proj"))
+    settings = lora_settings(_args("--exclude-modules", "gate_proj,up_proj"))
     assert settings["target_modules"] == ["linear_qkv", "linear_proj", "linear_fc2"]
     with pytest.raises(LoraNameError, match="cannot exclude up_proj alone"):
-        mc.lora_settings(_args("--exclude-modules", "up_proj"))
+        lora_settings(_args("--exclude-modules", "up_proj"))
 
 
 def test_optimizer_and_ddp_settings() -> None:
@@ -77,22 +82,23 @@ def test_optimizer_and_ddp_settings() -> None:
         "--lr", "2e-5", "--min-lr", "1e-6", "--weight-decay", "0.1", "--adam-beta2", "0.98",
         "--clip-grad", "0", "--accumulate-allreduce-grads-in-fp32",
     )  # fmt: skip
-    optim = mc.optimizer_settings(args)
+    optim = mc.optimizer_settings(args.optimizer, args.placement.dtype)
     assert optim["lr"] == 2e-5 and optim["min_lr"] == 1e-6 and optim["clip_grad"] == 0.0
     assert optim["bf16"] is True and optim["use_distributed_optimizer"] is True
-    assert mc.ddp_settings(args)["grad_reduce_in_fp32"] is True
-    assert mc.optimizer_settings(_args("--dtype", "fp32"))["bf16"] is False
+    assert mc.ddp_settings(args.megatron)["grad_reduce_in_fp32"] is True
+    fp32 = _args("--dtype", "fp32")
+    assert mc.optimizer_settings(fp32.optimizer, fp32.placement.dtype)["bf16"] is False
 
 
 def test_scheduler_settings() -> None:
     sched = mc.scheduler_settings(
-        _args("--lr-warmup-iters", "10", "--lr-decay-style", "cosine"), 100
+        _args("--lr-warmup-iters", "10", "--lr-decay-style", "cosine").optimizer, 100
     )
     assert sched["init_lr"] == 0.0 and sched["lr_warmup_steps"] == 10
     assert sched["lr_decay_steps"] == 100 and sched["lr_decay_style"] == "cosine"
-    short = mc.scheduler_settings(_args("--lr-warmup-iters", "5"), 2)
+    short = mc.scheduler_settings(_args("--lr-warmup-iters", "5").optimizer, 2)
     assert short["lr_decay_steps"] == 6  # Megatron needs warmup < decay steps
-    assert mc.scheduler_settings(_args(), 3)["init_lr"] == 1e-5
+    assert mc.scheduler_settings(_args().optimizer, 3)["init_lr"] == 1e-5
 
 
 def test_heavy_packages_not_imported() -> None:

@@ -22,7 +22,7 @@ from trainer.placement import (
 
 
 def args_of(*extra: str):
-    return parse_args(["--hf-checkpoint", "m", "--prompt-data", "p.jsonl", *extra])
+    return parse_args(["--hf-checkpoint", "m", "--prompt-data", "p.jsonl", *extra]).placement
 
 
 def test_colocated_ranks_and_engines_share_bundles():

@@ -18,9 +18,11 @@ from trainer.backends.base import (
     TrainBatch,
 )
 from trainer.backends.hf_rollout import HFRolloutEngine
-from trainer.backends.peft_trainer import LoraSettings, OptimizerSettings, PeftPolicyTrainer
+from trainer.backends.peft_trainer import PeftPolicyTrainer, lr_factor
+from trainer.batching import pack
+from trainer.config import LoraConfig, OptimizerConfig
 from trainer.grpo import GRPOConfig, Normalizer, entropy_from_logits
-from trainer.loop import GRPOLoss, pack
+from trainer.loop import GRPOLoss
 
 PROMPTS = [[1, 4, 7, 8, 2, 1, 6], [1, 4, 7, 12, 2, 1, 6], [1, 4, 7, 15, 2, 1, 6]]
 
@@ -33,8 +35,8 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def make_trainer(model_dir: str, **lora: object) -> PeftPolicyTrainer:
-    settings = LoraSettings(**{"rank": 4, "alpha": 8.0, **lora})
-    return PeftPolicyTrainer(model_dir, settings, OptimizerSettings(lr=5e-2, total_iters=10))
+    settings = LoraConfig(**{"lora_rank": 4, "lora_alpha": 8.0, **lora})
+    return PeftPolicyTrainer(model_dir, settings, OptimizerConfig(lr=5e-2), total_steps=10)
 
 
 def batch_of(engine: HFRolloutEngine, advantages: list[float], seed: int = 0):
@@ -248,11 +250,11 @@ def test_target_and_excluded_modules(model_dir):
 
     every = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert wrapped(make_trainer(model_dir)) == every
-    assert wrapped(make_trainer(model_dir, target_modules=("q_proj", "v_proj"))) == {
+    assert wrapped(make_trainer(model_dir, target_modules="q_proj,v_proj")) == {
         "q_proj",
         "v_proj",
     }
-    assert wrapped(make_trainer(model_dir, exclude_modules=("down_proj",))) == every - {"down_proj"}
+    assert wrapped(make_trainer(model_dir, exclude_modules="down_proj")) == every - {"down_proj"}
 
 
 def test_save_writes_a_peft_adapter_and_load_restores_optimizer_state(model_dir, tmp_path):
@@ -295,12 +297,12 @@ def test_save_writes_a_peft_adapter_and_load_restores_optimizer_state(model_dir,
     ],
 )
 def test_lr_schedule(style, warmup, factors):
-    settings = OptimizerSettings(lr=1.0, total_iters=5, decay_style=style, warmup_iters=warmup)
+    settings = OptimizerConfig(lr=1.0, lr_decay_style=style, lr_warmup_iters=warmup)
     for step, expected in enumerate(factors):
         if expected is not None:
-            assert settings.lr_factor(step) == pytest.approx(expected)
-    floor = OptimizerSettings(lr=1.0, min_lr=0.1, total_iters=4, decay_style="cosine")
-    assert floor.lr_factor(4) == pytest.approx(0.1)
+            assert lr_factor(settings, 5, step) == pytest.approx(expected)
+    floor = OptimizerConfig(lr=1.0, min_lr=0.1, lr_decay_style="cosine")
+    assert lr_factor(floor, 4, 4) == pytest.approx(0.1)
 
 
 def test_memory_release_and_resume_keep_the_model_usable_on_cpu(model_dir):
@@ -381,7 +383,7 @@ class FullLogitsTrainer(PeftPolicyTrainer):
     [
         (FullLogitsTrainer, {}, "all-linear"),
         (PeftPolicyTrainer, {"gradient_checkpointing": True}, "all-linear"),
-        (FullLogitsTrainer, {}, ("q_proj", "lm_head")),
+        (FullLogitsTrainer, {}, "q_proj,lm_head"),
     ],
     ids=["full-logits", "gradient-checkpointing", "adapted-output-layer"],
 )
@@ -392,11 +394,12 @@ def test_optimizer_step_equals_the_reference_computation(
     checkpointing, take the step the full-logits computation takes (entropy bonus included);
     an output layer with an adapter goes through the model's own forward."""
     engine = HFRolloutEngine(model_dir)
-    settings = LoraSettings(rank=4, alpha=8.0, target_modules=targets)
-    optim = OptimizerSettings(lr=5e-2, total_iters=10)
+    settings = LoraConfig(lora_rank=4, lora_alpha=8.0, target_modules=targets)
+    optim = OptimizerConfig(lr=5e-2)
     config = GRPOConfig(use_kl_loss=True, kl_loss_coef=0.1, entropy_coef=0.01)
-    ours = PeftPolicyTrainer(model_dir, settings, optim, temperature=0.8, entropy_grad=True)
-    other = trainer_class(model_dir, settings, optim, temperature=0.8, entropy_grad=True, **options)
+    common = {"total_steps": 10, "temperature": 0.8, "entropy_grad": True}
+    ours = PeftPolicyTrainer(model_dir, settings, optim, **common)
+    other = trainer_class(model_dir, settings, optim, **common, **options)
     assert ours.plain_head == (targets == "all-linear")
     generations = engine.generate(PROMPTS * 2, SamplingParams(max_new_tokens=5, seed=6))
     batch = pack(generations, [1.0, -1.0, 0.5, -0.5, 2.0, -2.0], pad_id=0)
@@ -420,8 +423,8 @@ def test_bf16_training_computes_the_adapter_in_bf16_as_the_engine_serves_it(mode
     each LoRA input instead costs a float32 activation copy per layer and differs by ~0.01."""
     engine = HFRolloutEngine(model_dir)
     trainer = PeftPolicyTrainer(
-        model_dir, LoraSettings(rank=4, alpha=8.0), OptimizerSettings(lr=1e-3, total_iters=1),
-        dtype="bf16",
+        model_dir, LoraConfig(lora_rank=4, lora_alpha=8.0), OptimizerConfig(lr=1e-3),
+        total_steps=1, dtype="bf16",
     )  # fmt: skip
     torch.manual_seed(0)
     with torch.no_grad():

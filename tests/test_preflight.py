@@ -42,13 +42,13 @@ def _mi355x(**changes) -> Environment:
 
 
 def _problems(env: Environment, argv: list[str] = PRODUCTION, expected: int = 8) -> list[str]:
-    return preflight.problems(parse_args(argv), env, expected)
+    return preflight.problems(parse_args(argv).placement, env, expected)
 
 
 def test_a_healthy_mi355x_node_passes_and_is_reported() -> None:
     env = _mi355x()
     assert _problems(env) == []
-    lines = preflight.report(env, parse_args(PRODUCTION))
+    lines = preflight.report(env, parse_args(PRODUCTION).placement)
     assert lines == [
         "preflight: backends: train megatron, rollout sglang",
         "preflight: torch 2.9.1+rocm7.2.0, ROCm (HIP 7.2.26015); 8 device(s): AMD Instinct MI355X",
@@ -127,7 +127,9 @@ def test_portable_backends_on_a_cpu_only_host_pass() -> None:
 
 def test_run_probes_this_host_and_prints_before_judging() -> None:
     lines: list[str] = []
-    env = preflight.run(parse_args(BASE), environ={"CUDA_VISIBLE_DEVICES": ""}, emit=lines.append)
+    env = preflight.run(
+        parse_args(BASE).placement, environ={"CUDA_VISIBLE_DEVICES": ""}, emit=lines.append
+    )
     assert env.visible["CUDA_VISIBLE_DEVICES"] == ""
     assert lines[0] == "preflight: backends: train torch, rollout hf"
     assert lines[1].startswith(f"preflight: torch {env.versions['torch']}")
@@ -140,7 +142,7 @@ def test_run_stops_with_one_line_when_sglang_is_missing() -> None:
     argv = [*BASE, "--rollout-backend", "sglang"]
     lines: list[str] = []
     with pytest.raises(PreflightError, match="--rollout-backend sglang needs sglang") as err:
-        preflight.run(parse_args(argv), emit=lines.append)
+        preflight.run(parse_args(argv).placement, emit=lines.append)
     assert "\n" not in str(err.value)
     assert len(lines) == 4
 

@@ -11,7 +11,7 @@ from typing import Literal, Optional
 import pytest
 
 from trainer.arguments import UsageError, parse_args
-from trainer.backends import sglang_args, sglang_fields_table
+from trainer.backends import registry, sglang_args, sglang_fields_table
 from trainer.backends.sglang_args import FieldType, SGLangArgError, parse_annotation
 from trainer.backends.sglang_server_fields import SGLANG_VERSION
 
@@ -31,7 +31,9 @@ AMD_ARGV = [
 
 
 def _build(*extra: str, base: list[str] = AMD_ARGV) -> dict:
-    return sglang_args.build_server_args(parse_args([*base, *extra]), fields=FIELDS, source=SOURCE)
+    config = parse_args([*base, *extra])
+    targets = registry.adapter_targets(config)
+    return sglang_args.build_server_args(config, targets, fields=FIELDS, source=SOURCE)
 
 
 def test_amd_launcher_argv_builds_the_expected_server_args() -> None:
@@ -123,9 +125,12 @@ def test_lora_targets_follow_the_training_backend() -> None:
 
 def test_a_field_missing_from_the_installed_sglang_is_named() -> None:
     fields = {k: v for k, v in FIELDS.items() if k != "enable_weights_cpu_backup"}
-    args = parse_args(AMD_ARGV)
+    config = parse_args(AMD_ARGV)
+    targets = registry.adapter_targets(config)
     with pytest.raises(SGLangArgError, match="no server argument enable_weights_cpu_backup"):
-        sglang_args.build_server_args(args, fields=fields, source="installed SGLang 0.5.2")
+        sglang_args.build_server_args(
+            config, targets, fields=fields, source="installed SGLang 0.5.2"
+        )
 
 
 @pytest.mark.parametrize(
@@ -196,10 +201,11 @@ def test_every_recorded_sglang_launcher_yields_valid_server_args() -> None:
         for name in launcher.recordings:
             for step in record(launcher, name).steps:
                 argv = train_py_argv(step)
-                if argv is None or parse_args(argv).rollout_backend != "sglang":
+                config = None if argv is None else parse_args(argv)
+                if config is None or config.placement.rollout_backend != "sglang":
                     continue
                 kwargs = sglang_args.build_server_args(
-                    parse_args(argv), fields=FIELDS, source=SOURCE
+                    config, registry.adapter_targets(config), fields=FIELDS, source=SOURCE
                 )
                 built[launcher.recorded_hardware] = (
                     kwargs["attention_backend"],

@@ -9,7 +9,6 @@ fixed by (seed, epoch), so a cursor (epoch, offset) saved in a checkpoint resume
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from collections.abc import Sequence
@@ -17,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainer.arguments import UsageError
+from trainer.config import DataConfig, TrainConfig
+from trainer.errors import UsageError
 
 
 class DataError(UsageError):
@@ -226,34 +226,29 @@ def num_rollouts_for_epochs(num_prompts: int, rollout_batch_size: int, num_epoch
     return max(1, num_epoch * num_prompts // rollout_batch_size)
 
 
-def rollout_source_from_args(
-    args: argparse.Namespace, tokenizer: Tokenizer | None
-) -> RolloutDataSource:
-    samples = load_prompts(
-        args.prompt_data,
-        input_key=args.input_key,
-        label_key=args.label_key,
+def load_prompt_set(path: str, data: DataConfig, tokenizer: Tokenizer | None) -> list[Sample]:
+    """A prompt file (the training set or an eval set) read as the data flags say."""
+    return load_prompts(
+        path,
+        input_key=data.input_key,
+        label_key=data.label_key,
         tokenizer=tokenizer,
-        apply_chat_template=args.apply_chat_template,
-        max_prompt_len=args.rollout_max_prompt_len,
-        template_kwargs=args.apply_chat_template_kwargs,
+        apply_chat_template=data.apply_chat_template,
+        max_prompt_len=data.rollout_max_prompt_len,
+        template_kwargs=data.apply_chat_template_kwargs,
     )
-    return RolloutDataSource(samples, shuffle=args.rollout_shuffle, seed=args.seed)
 
 
-def eval_sets_from_args(
-    args: argparse.Namespace, tokenizer: Tokenizer | None
-) -> dict[str, list[Sample]]:
+def rollout_source(config: TrainConfig, tokenizer: Tokenizer | None) -> RolloutDataSource:
+    """The training prompts (``--prompt-data``), walked as ``--rollout-shuffle`` says."""
+    data = config.data
+    samples = load_prompt_set(data.prompt_data, data, tokenizer)
+    return RolloutDataSource(samples, shuffle=data.rollout_shuffle, seed=config.misc.seed)
+
+
+def eval_sets(config: TrainConfig, tokenizer: Tokenizer | None) -> dict[str, list[Sample]]:
     """``--eval-prompt-data`` sets by name, read like the training prompts."""
     return {
-        name: load_prompts(
-            path,
-            input_key=args.input_key,
-            label_key=args.label_key,
-            tokenizer=tokenizer,
-            apply_chat_template=args.apply_chat_template,
-            max_prompt_len=args.rollout_max_prompt_len,
-            template_kwargs=args.apply_chat_template_kwargs,
-        )
-        for name, path in args.eval_datasets.items()
+        name: load_prompt_set(path, config.data, tokenizer)
+        for name, path in config.eval.eval_datasets.items()
     }

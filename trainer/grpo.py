@@ -5,17 +5,23 @@ count. Losses are aggregated by `aggregate`; to accumulate gradients over micro-
 normalisation of the whole optimizer step, count the step once with `Normalizer.from_masks` and
 pass it to every micro-batch: each micro-batch's loss (and metric) is then its share, and the
 shares sum to the step's value.
+
+The vocabulary (`AGG_MODES`, `KL_TYPES`) is what ``train.py``'s flags offer. The math takes
+tensors and calls their methods: torch itself is imported for type checking only, so the command
+line reads the vocabulary on a base install (no torch), as launchers' recordings do.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from trainer.arguments import AGG_MODES, KL_TYPES
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 
 
 def group_advantages(
@@ -47,7 +53,7 @@ def whiten(values: torch.Tensor, weights: torch.Tensor, eps: float = 1e-8) -> to
     variance = (values.square() * weights).sum() / count - mean.square()
     if count >= 2:
         variance = variance * count / (count - 1)
-    return (values - mean) * torch.rsqrt(variance + eps)
+    return (values - mean) * (variance + eps).rsqrt()
 
 
 def overlong_penalty(
@@ -56,7 +62,7 @@ def overlong_penalty(
     """DAPO's soft overlong punishment, added to the reward: 0 up to ``max_len - buffer_len``
     tokens, then falling linearly to ``-factor`` at `max_len`."""
     excess = lengths.float() - (max_len - buffer_len)
-    return -factor * torch.clamp(excess / buffer_len, 0.0, 1.0)
+    return -factor * (excess / buffer_len).clamp(0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -146,14 +152,12 @@ def policy_loss(
         tokens = mask.to(log_ratio.dtype)
         per_sequence = (log_ratio * tokens).sum(-1, keepdim=True) / tokens.sum(-1, keepdim=True)
         log_ratio = per_sequence.nan_to_num(0.0).expand_as(log_ratio)
-    ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+    ratio = log_ratio.clamp(-20.0, 20.0).exp()
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip_high)
-    losses = torch.maximum(unclipped, clipped)
+    clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
+    losses = unclipped.maximum(clipped)
     if eps_clip_c is not None:
-        losses = torch.where(
-            advantages < 0, torch.minimum(-eps_clip_c * advantages, losses), losses
-        )
+        losses = losses.minimum(-eps_clip_c * advantages).where(advantages < 0, losses)
     if weights is not None:
         losses = losses * weights
     loss = aggregate(losses, mask, agg, normalizer, norm_length)
@@ -168,8 +172,8 @@ def truncated_importance_weights(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TIS: ``clamp(exp(old - rollout), low, high)`` per token, the correction for sampling with
     the rollout engine's numerics; returns (weights, the raw ratios)."""
-    ratio = torch.exp(torch.clamp(old_logprobs - rollout_logprobs, -20.0, 20.0))
-    return torch.clamp(ratio, low, high), ratio
+    ratio = (old_logprobs - rollout_logprobs).clamp(-20.0, 20.0).exp()
+    return ratio.clamp(low, high), ratio
 
 
 def kl_penalty(
@@ -187,17 +191,17 @@ def kl_penalty(
     if kind == "k2":
         return 0.5 * log_ratio.square()
     if kind == "k3":
-        return torch.exp(-log_ratio) + log_ratio - 1.0
+        return (-log_ratio).exp() + log_ratio - 1.0
     if kind == "low_var_kl":
-        ref_minus_logp = torch.clamp(-log_ratio, -20.0, 20.0)
-        return torch.clamp(torch.exp(ref_minus_logp) - ref_minus_logp - 1.0, -10.0, 10.0)
+        ref_minus_logp = (-log_ratio).clamp(-20.0, 20.0)
+        return (ref_minus_logp.exp() - ref_minus_logp - 1.0).clamp(-10.0, 10.0)
     raise ValueError(f"unknown KL estimator {kind!r}; expected one of {KL_TYPES}")
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the softmax over the last dimension: ``logsumexp(z) - sum softmax(z) z``."""
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+    probs = logits.softmax(dim=-1)
+    return logits.logsumexp(dim=-1) - (probs * logits).sum(dim=-1)
 
 
 @dataclass(frozen=True)
@@ -215,24 +219,6 @@ class GRPOConfig:
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
     norm_length: float = 1.0  # seq-mean-token-sum-norm's constant
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> GRPOConfig:
-        return cls(
-            eps_clip=args.eps_clip,
-            eps_clip_high=args.eps_clip_high,
-            loss_agg=args.loss_agg,
-            use_kl_loss=args.use_kl_loss,
-            kl_loss_coef=args.kl_loss_coef,
-            kl_loss_type=args.kl_loss_type,
-            entropy_coef=args.entropy_coef,
-            eps_clip_c=args.eps_clip_c,
-            sequence_ratio=args.advantage_estimator == "gspo",
-            use_tis=args.use_tis,
-            tis_clip=args.tis_clip,
-            tis_clip_low=args.tis_clip_low,
-            norm_length=float(args.rollout_max_response_len),
-        )
 
 
 def grpo_loss(
@@ -268,20 +254,7 @@ def grpo_loss(
     if config.use_tis and rollout_logprobs is None:
         raise ValueError("use_tis needs rollout_logprobs")
     normalizer = normalizer or Normalizer.from_masks([mask])
-    metrics: dict[str, float] = {}
-    if rollout_logprobs is not None:
-        mismatch = (old_logprobs - rollout_logprobs).abs()
-        metrics["train_rollout_logprob_abs_diff"] = float(
-            aggregate(mismatch, mask, "token-mean", normalizer)
-        )
-    weights = None
-    if config.use_tis:
-        weights, tis = truncated_importance_weights(
-            old_logprobs, rollout_logprobs, config.tis_clip_low, config.tis_clip
-        )
-        metrics["tis"] = float(aggregate(tis, mask, "token-mean", normalizer))
-        clipped = (weights != tis).to(tis.dtype)
-        metrics["tis_clipfrac"] = float(aggregate(clipped, mask, "token-mean", normalizer))
+    weights, metrics = _rollout_terms(config, old_logprobs, rollout_logprobs, mask, normalizer)
     pg_loss, clip_fraction = policy_loss(
         logprobs,
         old_logprobs,
@@ -296,7 +269,7 @@ def grpo_loss(
         weights=weights,
         norm_length=config.norm_length,
     )
-    ratio = torch.exp(torch.clamp(logprobs - old_logprobs, -20.0, 20.0)).detach()
+    ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0).exp().detach()
     metrics.update(
         pg_loss=float(pg_loss.detach()),
         pg_clipfrac=float(clip_fraction),
@@ -320,3 +293,29 @@ def grpo_loss(
         if config.entropy_coef:
             loss = loss - config.entropy_coef * entropy_value
     return loss, metrics
+
+
+def _rollout_terms(
+    config: GRPOConfig,
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor | None,
+    mask: torch.Tensor,
+    normalizer: Normalizer,
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """What the rollout engine's log-probs give `grpo_loss`: the TIS weights (with `use_tis`)
+    and the metrics of the mismatch between the engine and the trainer."""
+    if rollout_logprobs is None:
+        return None, {}
+    mismatch = (old_logprobs - rollout_logprobs).abs()
+    metrics = {
+        "train_rollout_logprob_abs_diff": float(aggregate(mismatch, mask, "token-mean", normalizer))
+    }
+    if not config.use_tis:
+        return None, metrics
+    weights, tis = truncated_importance_weights(
+        old_logprobs, rollout_logprobs, config.tis_clip_low, config.tis_clip
+    )
+    metrics["tis"] = float(aggregate(tis, mask, "token-mean", normalizer))
+    clipped = (weights != tis).to(tis.dtype)
+    metrics["tis_clipfrac"] = float(aggregate(clipped, mask, "token-mean", normalizer))
+    return weights, metrics

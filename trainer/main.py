@@ -9,7 +9,6 @@ starts a private local Ray instance for its own lifetime.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -20,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer import job_env
-from trainer.arguments import PROG, UsageError, parse_args_or_exit, resolved_config
+from trainer.arguments import PROG, parse_args_or_exit
+from trainer.config import DataConfig, PlacementConfig, TrainConfig
+from trainer.errors import UsageError
 
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 1
@@ -31,16 +32,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         job_env.load()  # the job's secrets, before the arguments read WANDB_API_KEY
     except job_env.JobEnvError as err:
         return _fail(err, EXIT_ENVIRONMENT)
-    args = parse_args_or_exit(argv)
-    if args.validate_only:
-        print(json.dumps(resolved_config(args), indent=2, sort_keys=True, default=str))
+    config = parse_args_or_exit(argv)
+    if config.misc.validate_only:
+        print(json.dumps(config.as_dict(), indent=2, sort_keys=True, default=str))
         return 0
     from trainer.checkpoint import CheckpointError
     from trainer.placement import PlacementError
     from trainer.preflight import PreflightError
 
     try:
-        return run(args)
+        return run(config)
     except (UsageError, CheckpointError) as err:
         return _fail(err, EXIT_USAGE)
     except (PreflightError, PlacementError) as err:
@@ -62,11 +63,11 @@ def load_tokenizer(path: str) -> Any:
         raise UsageError(f"--hf-checkpoint {path}: no usable tokenizer ({first})") from None
 
 
-def check_chat_template(tokenizer: Any, args: argparse.Namespace) -> None:
+def check_chat_template(tokenizer: Any, model: str, data: DataConfig) -> None:
     """The tokenizer's chat template renders a one-message conversation."""
     from jinja2 import TemplateError
 
-    where = f"--hf-checkpoint {args.hf_checkpoint}"
+    where = f"--hf-checkpoint {model}"
     if getattr(tokenizer, "chat_template", None) is None:
         raise UsageError(f"{where} has no chat template; drop --apply-chat-template")
     try:
@@ -74,7 +75,7 @@ def check_chat_template(tokenizer: Any, args: argparse.Namespace) -> None:
             [{"role": "user", "content": "1 + 1 = ?"}],
             add_generation_prompt=True,
             tokenize=False,
-            **args.apply_chat_template_kwargs,
+            **data.apply_chat_template_kwargs,
         )
     except TemplateError as err:
         line = getattr(err, "lineno", None)
@@ -82,41 +83,42 @@ def check_chat_template(tokenizer: Any, args: argparse.Namespace) -> None:
         raise UsageError(f"{where}: its chat template fails ({detail})") from None
 
 
-def check_inputs(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+def check_inputs(config: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     """Check everything the run reads and writes, before Ray starts; returns the tokenizer,
     the rollout source and the eval sets. Raises `UsageError` or `CheckpointError`."""
     from trainer import checkpoint, file_checks
-    from trainer.data import eval_sets_from_args, rollout_source_from_args
+    from trainer.data import eval_sets, rollout_source
     from trainer.metrics import METRICS_FILE, torn_tail
 
-    model = Path(args.hf_checkpoint)
+    paths, data = config.checkpoint, config.data
+    model = Path(paths.hf_checkpoint)
     if not model.is_dir():
         raise UsageError(f"--hf-checkpoint {model}: not a directory")
     if problem := file_checks.first_problem(p for p in model.iterdir() if p.is_file()):
         raise UsageError(f"--hf-checkpoint: {problem}")
-    tokenizer = load_tokenizer(args.hf_checkpoint)
-    if args.apply_chat_template:
-        check_chat_template(tokenizer, args)
-    source = rollout_source_from_args(args, tokenizer)
-    eval_sets = eval_sets_from_args(args, tokenizer)
-    load = Path(args.load) if args.load else None
+    tokenizer = load_tokenizer(paths.hf_checkpoint)
+    if data.apply_chat_template:
+        check_chat_template(tokenizer, paths.hf_checkpoint, data)
+    source = rollout_source(config, tokenizer)
+    evals = eval_sets(config, tokenizer)
+    load = Path(paths.load) if paths.load else None
     resumes = checkpoint.latest_iteration(load)
     if load is not None and resumes is not None:
         checkpoint.verify(load, resumes)
-    for flag, value in (("--output-dir", args.output_dir), ("--save", args.save)):
+    for flag, value in (("--output-dir", paths.output_dir), ("--save", paths.save)):
         if value and (problem := file_checks.writable_dir_problem(Path(value))):
             raise UsageError(f"{flag} {value}: {problem}")
-    if resumes is not None and (note := torn_tail(Path(args.output_dir) / METRICS_FILE)):
+    if resumes is not None and (note := torn_tail(Path(paths.output_dir) / METRICS_FILE)):
         print(f"{PROG}: {note}", flush=True)
-    return tokenizer, source, eval_sets
+    return tokenizer, source, evals
 
 
-def run(args: argparse.Namespace) -> int:
+def run(config: TrainConfig) -> int:
     started = time.time()
     from trainer import preflight
 
-    tokenizer, source, eval_sets = check_inputs(args)
-    preflight.run(args)
+    tokenizer, source, eval_sets = check_inputs(config)
+    preflight.run(config.placement)
 
     import ray
 
@@ -131,29 +133,31 @@ def run(args: argparse.Namespace) -> int:
         write_summary,
     )
 
-    output_dir = Path(args.output_dir)
-    num_rollout = num_rollouts(args, len(source))
-    updates = args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
-    layout = _init_ray(args)
+    output_dir = Path(config.checkpoint.output_dir)
+    rollout = config.rollout
+    num_rollout = num_rollouts(rollout, len(source))
+    updates = rollout.samples // config.batch.global_batch_size
+    layout = _init_ray(config.placement)
     try:
         print(
-            f"train.py: {num_rollout} rollouts x {args.rollout_batch_size} prompts x "
-            f"{args.n_samples_per_prompt} samples on {layout.device}: "
+            f"train.py: {num_rollout} rollouts x {rollout.rollout_batch_size} prompts x "
+            f"{rollout.n_samples_per_prompt} samples on {layout.device}: "
             f"{len(layout.train_bundles)} training rank(s), {len(layout.engine_bundles)} "
-            f"{args.rollout_backend} engine(s){', colocated' if args.colocate else ''}",
+            f"{config.placement.rollout_backend} engine(s)"
+            f"{', colocated' if config.placement.colocate else ''}",
             flush=True,
         )
-        cluster = placement.launch(args, layout, total_steps=num_rollout * updates)
+        cluster = placement.launch(config, layout, total_steps=num_rollout * updates)
         try:
             loop = GRPOLoop(
-                args,
+                config,
                 trainers=cluster.trainers,
                 engines=cluster.engines,
                 tokenizer=tokenizer,
                 source=source,
                 eval_sets=eval_sets,
                 logger_factory=lambda start, total: MetricsLogger(
-                    output_dir, total_steps=total, start_step=start, args=args
+                    output_dir, total_steps=total, start_step=start, config=config
                 ),
                 colocation=cluster.colocation,
             )
@@ -171,18 +175,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _init_ray(args: argparse.Namespace) -> Any:
+def _init_ray(flags: PlacementConfig) -> Any:
     """Join the job's cluster (``RAY_ADDRESS``) or start a private one; returns the layout."""
     import ray
 
     from trainer import placement
-    from trainer.arguments import resolve_device
 
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address="auto", logging_level=logging.WARNING)
-        device = placement.resolve_device(args, ray.cluster_resources())
-        return placement.plan_layout(args, device)
-    layout = placement.plan_layout(args, resolve_device(args))
+        device = placement.resolve_device(flags, ray.cluster_resources())
+        return placement.plan_layout(flags, device)
+    layout = placement.plan_layout(flags, flags.resolve_device())
     cpus = max(os.cpu_count() or 1, int(layout.needs()["CPU"]))
     ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
     return layout

@@ -10,16 +10,18 @@ leaves: readers drop it (`torn_tail` names it, for a note); damage anywhere else
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainer.arguments import UsageError
+from trainer.errors import UsageError
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -108,8 +110,9 @@ class MetricsLogger:
         *,
         total_steps: int,
         start_step: int = 0,
-        args: argparse.Namespace | None = None,
+        config: TrainConfig | None = None,
     ) -> None:
+        """`config`: the run's, for wandb (``--use-wandb``), which records it."""
         output_dir.mkdir(parents=True, exist_ok=True)
         self.path = output_dir / METRICS_FILE
         self.total_steps = total_steps
@@ -117,8 +120,9 @@ class MetricsLogger:
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
         os.replace(tmp, self.path)
-        wanted = args is not None and args.use_wandb and args.wandb_mode != "disabled"
-        self._wandb = _init_wandb(output_dir, args) if wanted else None
+        wanted = config is not None and config.wandb.use_wandb
+        wanted = wanted and config.wandb.wandb_mode != "disabled"
+        self._wandb = _init_wandb(output_dir, config) if wanted else None
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         record = {"step": step, **{k: _finite(v) for k, v in metrics.items()}}
@@ -138,23 +142,21 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _init_wandb(output_dir: Path, args: argparse.Namespace) -> Any:
+def _init_wandb(output_dir: Path, config: TrainConfig) -> Any:
     import wandb
-
-    from trainer.arguments import resolved_config
 
     id_file = output_dir / WANDB_ID_FILE
     run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
     id_file.write_text(run_id)
     return wandb.init(
-        project=args.wandb_project,
-        group=args.wandb_group,
-        name=args.wandb_run_name,
-        mode=args.wandb_mode,
+        project=config.wandb.wandb_project,
+        group=config.wandb.wandb_group,
+        name=config.wandb.wandb_run_name,
+        mode=config.wandb.wandb_mode,
         dir=str(output_dir),
         id=run_id,
         resume="allow",
-        config=resolved_config(args),
+        config=config.as_dict(),
     )
 
 

@@ -13,7 +13,6 @@ rank (a backend's calls may be collective); data shards go by data-parallel rank
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 from collections.abc import Sequence
@@ -21,7 +20,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trainer.arguments import actor_num_gpus
 from trainer.backends.base import (
     ForwardOutput,
     Generation,
@@ -33,6 +31,7 @@ from trainer.backends.base import (
     adapter_digest,
 )
 from trainer.backends.colocate import Colocation
+from trainer.config import PlacementConfig, TrainConfig
 
 PLACEMENT_TIMEOUT_S = 120.0
 COLOCATED_SHARE = 0.5
@@ -63,25 +62,25 @@ class Layout:
         return {k: v * self.num_bundles for k, v in self.bundle.items()}
 
 
-def plan_layout(args: argparse.Namespace, device: str) -> Layout:
-    ranks = actor_num_gpus(args)
-    per_engine = args.rollout_num_gpus_per_engine
-    engines = args.rollout_num_gpus // per_engine
-    first = 0 if args.colocate else ranks
+def plan_layout(placement: PlacementConfig, device: str) -> Layout:
+    ranks = placement.actor_num_gpus
+    per_engine = placement.rollout_num_gpus_per_engine
+    engines = placement.rollout_num_gpus // per_engine
+    first = 0 if placement.colocate else ranks
     return Layout(
         device=device,
         train_bundles=tuple(range(ranks)),
         engine_bundles=tuple(first + i * per_engine for i in range(engines)),
-        num_bundles=ranks if args.colocate else ranks + args.rollout_num_gpus,
-        colocate=args.colocate,
+        num_bundles=ranks if placement.colocate else ranks + placement.rollout_num_gpus,
+        colocate=placement.colocate,
     )
 
 
-def resolve_device(args: argparse.Namespace, cluster: dict[str, float]) -> str:
+def resolve_device(placement: PlacementConfig, cluster: dict[str, float]) -> str:
     """``--device auto``: cuda when the cluster has a GPU per training rank, else cpu."""
-    if args.device != "auto":
-        return args.device
-    return "cuda" if cluster.get("GPU", 0) >= actor_num_gpus(args) else "cpu"
+    if placement.device != "auto":
+        return placement.device
+    return "cuda" if cluster.get("GPU", 0) >= placement.actor_num_gpus else "cpu"
 
 
 def check_resources(layout: Layout, cluster: dict[str, float]) -> None:
@@ -138,9 +137,9 @@ class TrainWorker:
     """One data-parallel training rank (a Ray actor) around a `PolicyTrainer`."""
 
     def __init__(
-        self, args: argparse.Namespace, rank: int, world_size: int, kind: str, total_steps: int
+        self, config: TrainConfig, rank: int, world_size: int, kind: str, total_steps: int
     ) -> None:
-        self.args = args
+        self.config = config
         self.rank = rank
         self.world_size = world_size
         self.kind = kind
@@ -169,7 +168,7 @@ class TrainWorker:
             rank=self.rank,
             world_size=self.world_size,
         )
-        self.trainer = registry.create_trainer(self.args, device, total_steps=self.total_steps)
+        self.trainer = registry.create_trainer(self.config, device, total_steps=self.total_steps)
         return device, int(getattr(self.trainer, "data_parallel_rank", self.rank))
 
     def forward(self, batches: Sequence[TrainBatch], with_adapter: bool) -> list[ForwardOutput]:
@@ -200,12 +199,12 @@ class TrainWorker:
 class RolloutWorker:
     """Rollout engine `index` (a Ray actor) around a `RolloutEngine`."""
 
-    def __init__(self, args: argparse.Namespace, kind: str, index: int) -> None:
+    def __init__(self, config: TrainConfig, kind: str, index: int) -> None:
         from trainer.backends import registry
 
         quiet_progress_bars()
         self.device = actor_device(kind)
-        self.engine = registry.create_rollout(args, self.device, engine_index=index)
+        self.engine = registry.create_rollout(config, self.device, engine_index=index)
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -363,7 +362,7 @@ def runtime_env(python: str | None) -> dict[str, Any]:
     return {"runtime_env": {"py_executable": python}} if python else {}
 
 
-def launch(args: argparse.Namespace, layout: Layout, *, total_steps: int) -> Cluster:
+def launch(config: TrainConfig, layout: Layout, *, total_steps: int) -> Cluster:
     """Reserve the placement group and start the rollout engines, then the training ranks
     (`Colocation.start_engines_first` says why in that order)."""
     import ray
@@ -393,7 +392,9 @@ def launch(args: argparse.Namespace, layout: Layout, *, total_steps: int) -> Clu
     def start_engines() -> RayEngineGroup:
         rollout_cls = ray.remote(RolloutWorker)
         engines = [
-            rollout_cls.options(**options(b, args.rollout_python)).remote(args, layout.device, i)
+            rollout_cls.options(**options(b, config.placement.rollout_python)).remote(
+                config, layout.device, i
+            )
             for i, b in enumerate(layout.engine_bundles)
         ]
         ray.get([e.__ray_ready__.remote() for e in engines])
@@ -403,8 +404,8 @@ def launch(args: argparse.Namespace, layout: Layout, *, total_steps: int) -> Clu
         world = len(layout.train_bundles)
         train_cls = ray.remote(TrainWorker)
         trainers = [
-            train_cls.options(**options(b, args.train_python)).remote(
-                args, rank, world, layout.device, total_steps
+            train_cls.options(**options(b, config.placement.train_python)).remote(
+                config, rank, world, layout.device, total_steps
             )
             for rank, b in enumerate(layout.train_bundles)
         ]

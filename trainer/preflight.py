@@ -13,7 +13,6 @@ imported here. Torch is (it reports the devices).
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import importlib.util
 import os
@@ -21,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from trainer.backends import registry
+from trainer.config import PlacementConfig
 
 REPORTED = (
     "torch", "sglang", "megatron-core", "megatron-bridge", "transformer-engine",
@@ -75,7 +75,7 @@ def probe(environ: Mapping[str, str] | None = None) -> Environment:
     return Environment(versions, modules, runtime, hip, devices, visible)
 
 
-def report(env: Environment, args: argparse.Namespace) -> list[str]:
+def report(env: Environment, placement: PlacementConfig) -> list[str]:
     torch_line = f"torch {env.versions.get('torch') or 'not installed'}"
     torch_line += f", {env.runtime or 'CPU-only build'}"
     if env.devices:
@@ -89,7 +89,8 @@ def report(env: Environment, args: argparse.Namespace) -> list[str]:
         for var in VISIBLE_VARS
     )
     return [
-        f"preflight: backends: train {args.train_backend}, rollout {args.rollout_backend}",
+        f"preflight: backends: train {placement.train_backend}, "
+        f"rollout {placement.rollout_backend}",
         f"preflight: {torch_line}",
         f"preflight: {packages}",
         f"preflight: {visible}",
@@ -102,13 +103,12 @@ def _device_list(value: str | None) -> list[str] | None:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
-def problems(args: argparse.Namespace, env: Environment, expected_devices: int) -> list[str]:
+def problems(placement: PlacementConfig, env: Environment, expected_devices: int) -> list[str]:
     """Everything that stops the job, most basic first (empty: go)."""
     found: list[str] = []
-    for flag, spec in (
-        ("--train-backend", registry.train_spec(args.train_backend)),
-        ("--rollout-backend", registry.rollout_spec(args.rollout_backend)),
-    ):
+    train = registry.train_spec(placement.train_backend)
+    rollout = registry.rollout_spec(placement.rollout_backend)
+    for flag, spec in (("--train-backend", train), ("--rollout-backend", rollout)):
         missing = [p for p in spec.packages if env.versions.get(p) is None]
         missing += [m for m in spec.modules if not env.modules.get(m)]
         if missing:
@@ -118,11 +118,7 @@ def problems(args: argparse.Namespace, env: Environment, expected_devices: int) 
     if found:
         return found
 
-    wants_gpu = (
-        args.device == "cuda"
-        or registry.train_spec(args.train_backend).needs_gpu
-        or registry.rollout_spec(args.rollout_backend).needs_gpu
-    )
+    wants_gpu = placement.device == "cuda" or train.needs_gpu or rollout.needs_gpu
     if not wants_gpu:
         return found
     hip, cuda, rocr = (_device_list(env.visible[v]) for v in VISIBLE_VARS)
@@ -143,8 +139,8 @@ def problems(args: argparse.Namespace, env: Environment, expected_devices: int) 
     if not env.devices:
         found.append(
             f"no GPU visible to torch ({env.runtime or 'a CPU-only torch build'}) but "
-            f"--train-backend {args.train_backend} / --rollout-backend {args.rollout_backend} "
-            f"with --device {args.device} need GPUs"
+            f"--train-backend {placement.train_backend} / --rollout-backend "
+            f"{placement.rollout_backend} with --device {placement.device} need GPUs"
         )
     elif len(env.devices) < expected_devices:
         shown = ", ".join(
@@ -158,7 +154,7 @@ def problems(args: argparse.Namespace, env: Environment, expected_devices: int) 
 
 
 def run(
-    args: argparse.Namespace,
+    placement: PlacementConfig,
     *,
     expected_devices: int | None = None,
     environ: Mapping[str, str] | None = None,
@@ -170,10 +166,11 @@ def run(
     whole node); a worker that drives one GPU passes 1.
     """
     env = probe(environ)
-    for line in report(env, args):
+    for line in report(env, placement):
         emit(line)
-    expected = args.actor_num_gpus_per_node if expected_devices is None else expected_devices
-    found = problems(args, env, expected)
+    if expected_devices is None:
+        expected_devices = placement.actor_num_gpus_per_node
+    found = problems(placement, env, expected_devices)
     if found:
         raise PreflightError(found[0])
     return env

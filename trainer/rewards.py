@@ -3,7 +3,7 @@
 A reward is ``fn(response: str, label) -> float``: `response` is the generated text only (no
 prompt), `label` the data set's label (a string, a number, or a list of acceptable answers).
 `register_reward` adds one; an entry of `_LAZY` (``name -> "module:function"``) is imported on
-first use, so this module stays light (``trainer.arguments`` imports it for the ``--rm-type``
+first use, so this module stays light (``trainer.config`` imports it for the ``--rm-type``
 choices); the imported module may instead register the name itself.
 
 ``deepscaler`` and ``math`` grade as miles' ``rm_hub`` does (`trainer.math_grader`).

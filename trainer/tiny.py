@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.arguments import MAX_SEED
+from trainer.config.misc import MAX_SEED
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")
 ROLES = ("system", "user", "assistant")

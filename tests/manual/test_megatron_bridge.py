@@ -15,6 +15,7 @@ Model: `trainer.tiny`'s ``qwen3-0.6b`` shape (random weights), bf16.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -25,7 +26,7 @@ from trainer import tiny
 from trainer.arguments import parse_args
 from trainer.backends.base import TrainBatch
 from trainer.checkpoint import ADAPTER_DIR
-from trainer.grpo import GRPOConfig, Normalizer
+from trainer.grpo import Normalizer
 from trainer.loop import GRPOLoss
 
 CLOSE = 0.03  # bf16, Transformer Engine's kernels against transformers' (the seed's threshold)
@@ -57,7 +58,7 @@ def trainer(tmp_path_factory):
         ]
     )  # fmt: skip
     built = megatron_trainer.create(args, "cuda:0", total_steps=4)
-    yield built, root
+    yield built, root, args
     dist.destroy_process_group()
 
 
@@ -92,7 +93,7 @@ def test_bridge_trainer_matches_transformers_trains_exports_and_restores(trainer
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    policy, root = trainer
+    policy, root, config = trainer
     batch = _batch(0, [40, 33, 57, 21])
     hf = AutoModelForCausalLM.from_pretrained(root / "model", dtype=torch.bfloat16).cuda()
     before = policy.forward(batch, with_adapter=True).logprobs
@@ -103,7 +104,7 @@ def test_bridge_trainer_matches_transformers_trains_exports_and_restores(trainer
         mb.advantages = torch.tensor([[1.0], [-1.0]]) * (i + 1)
         mb.old_logprobs = policy.forward(mb, with_adapter=True).logprobs
     loss = GRPOLoss(
-        GRPOConfig.from_args(policy.args), Normalizer.from_masks(m.loss_mask for m in micro)
+        config.algorithm.loss(config.rollout), Normalizer.from_masks(m.loss_mask for m in micro)
     )
     for _ in range(2):
         result = policy.train_step(micro, loss)
@@ -114,9 +115,9 @@ def test_bridge_trainer_matches_transformers_trains_exports_and_restores(trainer
     assert _diff(base, before, batch) < 1e-6  # and only through the adapter
 
     bridge = policy.export_adapter()
-    policy.args.megatron_to_hf_mode = "raw"
+    policy.megatron = dataclasses.replace(policy.megatron, megatron_to_hf_mode="raw")
     raw = policy.export_adapter()
-    policy.args.megatron_to_hf_mode = "bridge"
+    policy.megatron = dataclasses.replace(policy.megatron, megatron_to_hf_mode="bridge")
     assert set(bridge.tensors) == set(raw.tensors)
     for name, tensor in bridge.tensors.items():
         torch.testing.assert_close(tensor.float(), raw.tensors[name].float(), msg=name)

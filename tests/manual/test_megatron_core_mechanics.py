@@ -14,6 +14,7 @@ adapter export under PEFT names, save/load, and the CPU backup of the frozen bas
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from trainer.arguments import parse_args
 from trainer.backends import megatron_config as mc
 from trainer.backends import megatron_lora_names as names
 from trainer.backends.base import LoraAdapter, TrainBatch
-from trainer.grpo import GRPOConfig, Normalizer
+from trainer.grpo import Normalizer
 from trainer.loop import GRPOLoss
 
 VOCAB, LAYERS, HIDDEN, HEADS, GROUPS, HEAD_DIM, FFN = 96, 2, 64, 4, 2, 16, 96
@@ -107,7 +108,8 @@ def built(distributed, request):
     from megatron.core.transformer import TransformerConfig
     from megatron.core.transformer.module import Float16Module
 
-    from trainer.backends.megatron_trainer import MegatronParts, MegatronPolicyTrainer
+    from trainer.backends import registry
+    from trainer.backends.megatron_trainer import MegatronParts, policy_trainer
 
     args = parse_args([*ARGV, "--dtype", request.param])
     dtype = torch.bfloat16 if request.param == "bf16" else torch.float32
@@ -117,7 +119,7 @@ def built(distributed, request):
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
         normalization="RMSNorm", add_bias_linear=False, params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
-        **{k: v for k, v in mc.provider_settings(args).items() if not k.endswith("_size")},
+        **{k: v for k, v in mc.provider_settings(args.megatron).items() if not k.endswith("_size")},
     )  # fmt: skip
     attention = names.AttentionShape(HEADS, GROUPS, HEAD_DIM)
     shapes = {
@@ -155,16 +157,18 @@ def built(distributed, request):
     wrapped = Float16Module(config, gpt) if dtype == torch.bfloat16 else gpt
     ddp = DistributedDataParallel(
         config=config,
-        ddp_config=DistributedDataParallelConfig(**mc.ddp_settings(args)),
+        ddp_config=DistributedDataParallelConfig(**mc.ddp_settings(args.megatron)),
         module=wrapped,
     )
+    optimizer_settings = mc.optimizer_settings(args.optimizer, args.placement.dtype)
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(**mc.optimizer_settings(args), params_dtype=dtype), [ddp]
+        OptimizerConfig(**optimizer_settings, params_dtype=dtype), [ddp]
     )
-    scheduler = OptimizerParamScheduler(optimizer, **mc.scheduler_settings(args, 4))
-    parts = MegatronParts([ddp], optimizer, scheduler, Adapters(wrappers), attention)
-    trainer = MegatronPolicyTrainer(args, "cuda:0", parts)
-    return trainer, reference, Adapters(reference_wrappers), TOLERANCE[request.param]
+    scheduler = OptimizerParamScheduler(optimizer, **mc.scheduler_settings(args.optimizer, 4))
+    targets = registry.adapter_targets(args)
+    parts = MegatronParts([ddp], optimizer, scheduler, Adapters(wrappers), attention, targets)
+    trainer = policy_trainer(args, "cuda:0", parts)
+    return trainer, reference, Adapters(reference_wrappers), TOLERANCE[request.param], args
 
 
 def _batch(lengths: list[int], seed: int) -> TrainBatch:
@@ -191,7 +195,7 @@ def _reference(model: torch.nn.Module, batch: TrainBatch) -> tuple[torch.Tensor,
 
 
 def _mechanics(built) -> LoraAdapter:
-    trainer, reference, reference_adapters, (close, grad_rel) = built
+    trainer, reference, reference_adapters, (close, grad_rel), config = built
     batch = _batch([9, 5, 12, 7, 3], seed=0)
     valid = batch.attention_mask[:, 1:].bool()
 
@@ -206,7 +210,9 @@ def _mechanics(built) -> LoraAdapter:
     torch.testing.assert_close(off.logprobs[valid], base_lp.cpu()[valid], rtol=close, atol=close)
     assert (off.logprobs[valid] - out.logprobs[valid]).abs().max() > 10 * close
 
-    trainer.args.use_dynamic_batch_size, trainer.args.max_tokens_per_gpu = True, 24
+    trainer.megatron = dataclasses.replace(
+        trainer.megatron, use_dynamic_batch_size=True, max_tokens_per_gpu=24
+    )
     dynamic = trainer.forward(batch, with_adapter=True)
     torch.testing.assert_close(dynamic.logprobs[valid], out.logprobs[valid], rtol=close, atol=close)
 
@@ -218,7 +224,7 @@ def _mechanics(built) -> LoraAdapter:
         mb.old_logprobs = trainer.forward(mb, with_adapter=True).logprobs + 0.05
     # The loss aggregation is train.py's default for this argv (as the loop builds it).
     loss_fn = GRPOLoss(
-        GRPOConfig.from_args(trainer.args), Normalizer.from_masks(m.loss_mask for m in micro)
+        config.algorithm.loss(config.rollout), Normalizer.from_masks(m.loss_mask for m in micro)
     )
     reference.train()
     for p in reference.parameters():
@@ -236,7 +242,9 @@ def _mechanics(built) -> LoraAdapter:
         )
     )
     for dynamic_batching in (False, True):
-        trainer.args.use_dynamic_batch_size = dynamic_batching
+        trainer.megatron = dataclasses.replace(
+            trainer.megatron, use_dynamic_batch_size=dynamic_batching
+        )
         result = trainer.train_step(micro, loss_fn)
         assert result.grad_norm == pytest.approx(expected, rel=grad_rel), dynamic_batching
         assert {"pg_loss", "pg_clipfrac", "lr"} <= set(result.metrics)
@@ -244,14 +252,14 @@ def _mechanics(built) -> LoraAdapter:
 
     exported = trainer.export_adapter()
     assert len(exported.tensors) == LAYERS * 7 * 2
-    wrapper = trainer.lora.wrappers[0]  # layer 0 linear_qkv
+    wrapper = trainer.adapters.wrappers[0]  # layer 0 linear_qkv
     torch.testing.assert_close(
         exported.tensors[names.peft_key(0, "k_proj", "A")],
         wrapper.adapter.linear_in.weight.detach().cpu(),
     )
     assert exported.config["target_modules"] == list(names.HF_MODULES)
 
-    for p in (p for w in trainer.lora.wrappers for p in w.adapter.parameters()):
+    for p in (p for w in trainer.adapters.wrappers for p in w.adapter.parameters()):
         p.data.zero_()
     return exported
 
@@ -261,7 +269,7 @@ def _save_load_and_backup(trainer, exported: LoraAdapter, tmp_path: Path) -> Non
 
     trainer.save(tmp_path)
     assert (tmp_path / ADAPTER_DIR / "adapter_model.safetensors").is_file()
-    for p in (p for w in trainer.lora.wrappers for p in w.adapter.parameters()):
+    for p in (p for w in trainer.adapters.wrappers for p in w.adapter.parameters()):
         p.data.normal_()
     trainer.load(tmp_path)
     assert trainer.steps == 2

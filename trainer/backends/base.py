@@ -4,7 +4,8 @@ A *rollout engine* generates responses with per-token log-probabilities and take
 updates; a *policy trainer* computes log-probabilities (with the adapter, or without it for the
 reference policy), takes optimizer steps and exports its adapter. Portable backends (PEFT +
 transformers) and production backends (Megatron-Bridge + SGLang) implement them; the loop never
-knows which pair it runs.
+knows which pair it runs. It drives the trainers' data-parallel ranks as one `TrainerGroup`
+(`trainer.placement` provides them as Ray actors).
 """
 
 from __future__ import annotations
@@ -152,6 +153,34 @@ class PolicyTrainer(Protocol):
     def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> StepResult: ...
 
     def export_adapter(self) -> LoraAdapter: ...
+
+    def save(self, path: Path) -> None: ...
+
+    def load(self, path: Path) -> None: ...
+
+    def release_memory(self) -> None: ...
+
+    def resume_memory(self) -> None: ...
+
+
+Shards = Sequence[Sequence[TrainBatch]]  # per data-parallel rank, its micro-batches
+
+
+class TrainerGroup(Protocol):
+    """`world_size` data-parallel ranks of one policy; ``shards[i]`` goes to rank i, and the
+    results come back in rank order."""
+
+    world_size: int
+
+    def forward(self, shards: Shards, *, with_adapter: bool) -> list[list[ForwardOutput]]: ...
+
+    def train_step(self, shards: Shards, loss_fn: LossFn) -> list[StepResult]: ...
+
+    def export_adapter(self) -> LoraAdapter: ...
+
+    def adapter_digests(self) -> list[str]:
+        """`adapter_digest` of every rank's adapter, in rank order."""
+        ...
 
     def save(self, path: Path) -> None: ...
 

@@ -14,12 +14,14 @@ shares. Without a seed, the row seeds come from torch's global generator.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.backends.base import Generation, LoraAdapter, SamplingParams
 from trainer.backends.devices import empty_cache, torch_dtype
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 
 class _SampledLogprobs:
@@ -259,9 +261,11 @@ class HFRolloutEngine:
             self.model.to(self.device)
 
 
-def create(args: argparse.Namespace, device: str, *, engine_index: int = 0) -> HFRolloutEngine:
+def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> HFRolloutEngine:
     """The ``--rollout-backend hf`` factory (see `trainer.backends.registry`). Every engine
     samples from its requests' own seeds, so `engine_index` changes nothing here."""
-    from trainer.arguments import resolve_dtype
-
-    return HFRolloutEngine(args.hf_checkpoint, device=device, dtype=resolve_dtype(args, device))
+    return HFRolloutEngine(
+        config.checkpoint.hf_checkpoint,
+        device=device,
+        dtype=config.placement.resolve_dtype(device),
+    )

@@ -15,7 +15,8 @@ Layouts mirrored from Megatron-Bridge 0.3.1 (``param_mapping.split_qkv_weights``
   along its output dim (0); adapters of row-parallel linears (proj, fc2) shard lora_A along its
   input dim (1) and lora_B along its output dim (0).
 
-Pure: torch tensors in, torch tensors out; no Megatron import.
+Pure: torch tensors in, torch tensors out; no Megatron import. `resolve_targets` is the one
+place where LoRA target modules are resolved, for every backend.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from trainer.config.flags import split_list
 
 if TYPE_CHECKING:
     import torch
@@ -109,19 +112,19 @@ class AttentionShape:
 
 @dataclass(frozen=True)
 class LoraTargets:
-    """Resolved LoRA targets. `widened` lists HF projections added because Megatron fuses them
-    with a requested one (asking for q_proj adapts q, k and v)."""
+    """Resolved LoRA targets (`resolve_targets`). `widened` lists HF projections added because
+    Megatron fuses them with a requested one (asking for q_proj adapts q, k and v)."""
 
     megatron: tuple[str, ...]
     hf: tuple[str, ...]
     widened: tuple[str, ...]
 
 
-def _split_list(spec: str | Sequence[str] | None) -> list[str]:
-    if spec is None:
-        return []
-    items = spec.split(",") if isinstance(spec, str) else list(spec)
-    return [item.strip() for item in items if item.strip()]
+def _names(spec: str | Sequence[str] | None) -> list[str]:
+    """A comma list (as ``--target-modules`` gives it) or a sequence of names."""
+    if spec is None or isinstance(spec, str):
+        return list(split_list(spec))
+    return [item.strip() for item in spec if item.strip()]
 
 
 def _unknown(name: str, what: str) -> LoraNameError:
@@ -132,16 +135,28 @@ def _unknown(name: str, what: str) -> LoraNameError:
 
 
 def resolve_targets(
-    target_modules: str | Sequence[str], exclude_modules: str | Sequence[str] | None = None
+    target_modules: str | Sequence[str],
+    exclude_modules: str | Sequence[str] | None = None,
+    *,
+    fused: bool = True,
 ) -> LoraTargets:
-    """Expand ``all-linear`` and HF or Megatron names into Megatron's fused modules.
+    """The one resolution of ``--target-modules`` / ``--exclude-modules``.
 
-    Excluding only part of a fused group (``k_proj`` alone) is rejected: Megatron cannot adapt q
-    and v without k.
+    `fused` (Megatron): ``all-linear`` and HF or Megatron names expand into Megatron's fused
+    modules, and `hf` lists every projection they cover; excluding only part of a fused group
+    (``k_proj`` alone) is rejected, since Megatron cannot adapt q and v without k. Unfused (PEFT):
+    `hf` is exactly the listed projections (``all-linear``: the seven of a decoder layer) less the
+    excluded ones, and `megatron` is empty.
     """
-    requested = _split_list(target_modules)
+    requested = _names(target_modules)
     if not requested:
         raise LoraNameError("no LoRA target modules given")
+    excluded = _names(exclude_modules)
+    if not fused:
+        listed = HF_MODULES if any(m in ALL_LINEAR_ALIASES for m in requested) else requested
+        return LoraTargets(
+            megatron=(), hf=tuple(m for m in listed if m not in excluded), widened=()
+        )
     megatron: set[str] = set()
     asked_hf: set[str] = set()
     for name in requested:
@@ -156,7 +171,6 @@ def resolve_targets(
             asked_hf.update(FUSED_GROUPS[name])
         else:
             raise _unknown(name, "target")
-    excluded = _split_list(exclude_modules)
     for name in excluded:
         if name in FUSED_GROUPS:
             megatron.discard(name)

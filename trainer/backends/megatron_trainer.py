@@ -21,7 +21,6 @@ Colocated memory (`release_memory`): see `trainer.backends.frozen_weights`.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -49,6 +48,8 @@ from trainer.checkpoint import ADAPTER_DIR
 if TYPE_CHECKING:
     import torch
 
+    from trainer.config import LoraConfig, MegatronConfig, TrainConfig
+
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 OPTIMIZER_DIR = "megatron_optimizer"
@@ -75,10 +76,11 @@ class MegatronParts:
     scheduler: Any  # OptimizerParamScheduler
     adapters: Any  # has ``disable_adapter(model)`` (Bridge's LoRA)
     attention: names.AttentionShape
+    targets: names.LoraTargets  # the modules the adapters cover
     bridge: Any = None  # AutoBridge, for ``--megatron-to-hf-mode bridge``
 
 
-def build_parts(args: argparse.Namespace, total_steps: int) -> MegatronParts:
+def build_parts(config: TrainConfig, total_steps: int) -> MegatronParts:
     """Megatron-Bridge: HF checkpoint -> provider (parallel sizes, recompute) -> GPT with LoRA
     -> DDP; Megatron's distributed optimizer and LR schedule."""
     import torch
@@ -88,39 +90,61 @@ def build_parts(args: argparse.Namespace, total_steps: int) -> MegatronParts:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    dtype = torch.bfloat16 if mc.train_dtype(args) == "bf16" else torch.float32
-    bridge = AutoBridge.from_hf_pretrained(args.hf_checkpoint)
+    megatron = config.megatron
+    dtype = torch.bfloat16 if mc.train_dtype(config.placement.dtype) == "bf16" else torch.float32
+    bridge = AutoBridge.from_hf_pretrained(config.checkpoint.hf_checkpoint)
     provider = bridge.to_megatron_provider(load_weights=True)
-    for key, value in mc.provider_settings(args).items():
+    for key, value in mc.provider_settings(megatron).items():
         setattr(provider, key, value)
     provider.bf16 = dtype == torch.bfloat16
     provider.fp16 = False  # an fp16 checkpoint's config would otherwise claim both
     provider.params_dtype = dtype
     provider.pipeline_dtype = dtype
     provider.finalize()
-    provider.initialize_model_parallel(seed=args.seed)
-    lora = LoRA(**mc.lora_settings(args))
+    provider.initialize_model_parallel(seed=config.misc.seed)
+    targets = names.resolve_targets(config.lora.target_modules, config.lora.exclude_modules)
+    lora = LoRA(**mc.lora_settings(config.lora, targets))
     # Runs after the weight-loading hook that to_megatron_provider registered.
     provider.register_pre_wrap_hook(functools.partial(lora, training=True))
     model = provider.provide_distributed_model(
-        ddp_config=DistributedDataParallelConfig(**mc.ddp_settings(args)),
+        ddp_config=DistributedDataParallelConfig(**mc.ddp_settings(megatron)),
         wrap_with_ddp=True,
         bf16=provider.bf16,
     )
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(**mc.optimizer_settings(args), params_dtype=dtype), model
+        OptimizerConfig(
+            **mc.optimizer_settings(config.optimizer, config.placement.dtype), params_dtype=dtype
+        ),
+        model,
     )
-    scheduler = OptimizerParamScheduler(optimizer, **mc.scheduler_settings(args, total_steps))
+    scheduler = OptimizerParamScheduler(
+        optimizer, **mc.scheduler_settings(config.optimizer, total_steps)
+    )
     attention = names.AttentionShape(
         provider.num_attention_heads,
         provider.num_query_groups or provider.num_attention_heads,
         provider.kv_channels or provider.hidden_size // provider.num_attention_heads,
     )
-    return MegatronParts(model, optimizer, scheduler, lora, attention, bridge)
+    return MegatronParts(model, optimizer, scheduler, lora, attention, targets, bridge)
 
 
 class MegatronPolicyTrainer:
-    def __init__(self, args: argparse.Namespace, device: str, parts: MegatronParts) -> None:
+    def __init__(
+        self,
+        parts: MegatronParts,
+        *,
+        device: str,
+        lora: LoraConfig,
+        megatron: MegatronConfig,
+        base_model: str,
+        micro_batch_size: int = 1,
+        temperature: float = 1.0,
+        entropy_grad: bool = False,
+        logprob_chunk_rows: int = -1,
+    ) -> None:
+        """`base_model`: the HF checkpoint (the exported adapter's base). `temperature`: the
+        rollout's, which the log-probabilities divide by; `entropy_grad`: the loss has an entropy
+        term; `logprob_chunk_rows`: ``--log-probs-chunk-size``."""
         import torch
         from megatron.core import parallel_state
         from megatron.core.distributed import finalize_model_grads
@@ -128,15 +152,19 @@ class MegatronPolicyTrainer:
 
         from trainer.logprobs import chunk_rows_for
 
-        self.args = args
+        self.lora_config = lora
+        self.megatron = megatron
+        self.base_model = base_model
+        self.micro_batch_size = micro_batch_size
+        self.entropy_grad = entropy_grad
         self.device = torch.device("cuda", gpu_index(device))
-        self.temperature = args.rollout_temperature if args.rollout_temperature > 0 else 1.0
-        self.logprob_chunk_rows = chunk_rows_for(args.log_probs_chunk_size)
-        self.targets = names.resolve_targets(args.target_modules, args.exclude_modules)
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.logprob_chunk_rows = chunk_rows_for(logprob_chunk_rows)
+        self.targets = parts.targets
         self.model = parts.model
         self.optimizer = parts.optimizer
         self.scheduler = parts.scheduler
-        self.lora = parts.adapters
+        self.adapters = parts.adapters
         self.attention = parts.attention
         self.bridge = parts.bridge
         config = get_model_config(self.model[0])
@@ -150,7 +178,7 @@ class MegatronPolicyTrainer:
         self.frozen = FrozenWeights(
             (p for chunk in self.model for p in chunk.parameters()),
             self.device,
-            cpu_backup=args.lora_base_cpu_backup,
+            cpu_backup=lora.lora_base_cpu_backup,
         )
 
     # ----------------------------------------------------------------------------- forward
@@ -162,7 +190,7 @@ class MegatronPolicyTrainer:
 
         groups = self._groups(row_lengths(batch), batch.input_ids.shape[0])
         pieces = regroup([batch], groups)
-        adapter = nullcontext() if with_adapter else self.lora.disable_adapter(self.model)
+        adapter = nullcontext() if with_adapter else self.adapters.disable_adapter(self.model)
         for chunk in self.model:
             chunk.eval()
         with torch.no_grad(), adapter:
@@ -179,9 +207,9 @@ class MegatronPolicyTrainer:
         return ForwardOutput(logprobs=logprobs, entropy=entropy)
 
     def _groups(self, lengths: list[int], rows: int) -> list[list[int]]:
-        if self.args.use_dynamic_batch_size:
-            return pack_by_token_budget(lengths, self.args.max_tokens_per_gpu)
-        size = self.args.micro_batch_size
+        if self.megatron.use_dynamic_batch_size:
+            return pack_by_token_budget(lengths, self.megatron.max_tokens_per_gpu)
+        size = self.micro_batch_size
         return [list(range(start, min(start + size, rows))) for start in range(0, rows, size)]
 
     # -------------------------------------------------------------------------- training
@@ -191,7 +219,7 @@ class MegatronPolicyTrainer:
         their rows are regrouped under ``--max-tokens-per-gpu``: exact for losses normalised
         step-wide (`trainer.grpo.Normalizer`), which the loop's pre-scaled losses are."""
         pieces = list(micro_batches)
-        if self.args.use_dynamic_batch_size:
+        if self.megatron.use_dynamic_batch_size:
             lengths = [n for mb in micro_batches for n in row_lengths(mb)]
             pieces = regroup(micro_batches, self._groups(lengths, len(lengths)))
         for chunk in self.model:
@@ -254,7 +282,7 @@ class MegatronPolicyTrainer:
         import torch
 
         on_device = _to_device(piece, self.device)
-        padded = pad_batch(on_device, mc.sequence_multiple(self.args))
+        padded = pad_batch(on_device, mc.sequence_multiple(self.megatron))
         tokens = padded.input_ids
         rows, seq = tokens.shape
         labels = torch.zeros_like(tokens)
@@ -284,7 +312,7 @@ class MegatronPolicyTrainer:
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         import torch
 
-        entropy_grad = loss_fn is not None and bool(self.args.entropy_coef)
+        entropy_grad = loss_fn is not None and self.entropy_grad
         if self.ps.get_tensor_model_parallel_world_size() == 1:
             logprobs, entropy = self._chunked_logprobs(
                 output, item.labels, with_entropy, entropy_grad
@@ -393,7 +421,7 @@ class MegatronPolicyTrainer:
 
     def export_adapter(self) -> LoraAdapter:
         """The adapter under PEFT names, full (TP-gathered, all pipeline stages) on every rank."""
-        if self.args.megatron_to_hf_mode == "bridge":
+        if self.megatron.megatron_to_hf_mode == "bridge":
             if self.bridge is None:
                 raise RuntimeError("--megatron-to-hf-mode bridge needs the model built by Bridge")
             import torch
@@ -412,10 +440,10 @@ class MegatronPolicyTrainer:
             tensors = names.megatron_to_peft(self._gather_adapter(), self.attention)
         config = names.peft_config(
             self.targets,
-            rank=self.args.lora_rank,
-            alpha=self.args.lora_alpha,
-            dropout=self.args.lora_dropout,
-            base_model=self.args.hf_checkpoint,
+            rank=self.lora_config.lora_rank,
+            alpha=self.lora_config.lora_alpha,
+            dropout=self.lora_config.lora_dropout,
+            base_model=self.base_model,
         )
         return LoraAdapter(tensors=tensors, config=config, version=self.steps)
 
@@ -558,8 +586,24 @@ def _unwrap(chunk: Any) -> Any:
     return chunk
 
 
-def create(args: argparse.Namespace, device: str, *, total_steps: int) -> MegatronPolicyTrainer:
+def create(config: TrainConfig, device: str, *, total_steps: int) -> MegatronPolicyTrainer:
+    """The ``--train-backend megatron`` factory (see `trainer.backends.registry`)."""
     import torch
 
     torch.cuda.set_device(gpu_index(device))
-    return MegatronPolicyTrainer(args, device, build_parts(args, total_steps))
+    return policy_trainer(config, device, build_parts(config, total_steps))
+
+
+def policy_trainer(config: TrainConfig, device: str, parts: MegatronParts) -> MegatronPolicyTrainer:
+    """The trainer of `parts` (built by `build_parts`, or by hand) with the config's settings."""
+    return MegatronPolicyTrainer(
+        parts,
+        device=device,
+        lora=config.lora,
+        megatron=config.megatron,
+        base_model=config.checkpoint.hf_checkpoint,
+        micro_batch_size=config.batch.micro_batch_size,
+        temperature=config.rollout.rollout_temperature,
+        entropy_grad=config.algorithm.entropy_coef != 0,
+        logprob_chunk_rows=config.torch.log_probs_chunk_size,
+    )

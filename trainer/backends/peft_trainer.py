@@ -10,17 +10,20 @@ averaged over ranks before clipping; every rank holds the same weights.
 
 from __future__ import annotations
 
-import argparse
+import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.backends.base import ForwardOutput, LoraAdapter, LossFn, StepResult, TrainBatch
 from trainer.backends.devices import torch_dtype
 from trainer.backends.frozen_weights import FrozenWeights
 from trainer.checkpoint import ADAPTER_DIR
+
+if TYPE_CHECKING:
+    from trainer.config import LoraConfig, OptimizerConfig, TrainConfig
 
 STATE_FILE = "trainer_state.pt"
 # Config fields of causal LMs whose logits are more than ``last_hidden_state @ lm_head.weight.T``
@@ -28,57 +31,35 @@ STATE_FILE = "trainer_state.pt"
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
-@dataclass(frozen=True)
-class LoraSettings:
-    rank: int
-    alpha: float
-    dropout: float = 0.0
-    target_modules: str | tuple[str, ...] = "all-linear"
-    exclude_modules: tuple[str, ...] = ()
+def peft_lora_config(lora: LoraConfig) -> Any:
+    """PEFT's ``LoraConfig`` of the LoRA group; PEFT matches the module names (``all-linear``:
+    every linear layer but the output layer) against the model."""
+    from peft import LoraConfig as PeftLoraConfig
 
-    def peft_config(self) -> Any:
-        from peft import LoraConfig
-
-        return LoraConfig(
-            r=self.rank,
-            lora_alpha=self.alpha,
-            lora_dropout=self.dropout,
-            target_modules=(
-                self.target_modules
-                if isinstance(self.target_modules, str)
-                else list(self.target_modules)
-            ),
-            exclude_modules=list(self.exclude_modules) or None,
-            task_type="CAUSAL_LM",
-        )
+    modules = lora.modules()
+    return PeftLoraConfig(
+        r=lora.lora_rank,
+        lora_alpha=lora.lora_alpha,
+        lora_dropout=lora.lora_dropout,
+        target_modules=modules if isinstance(modules, str) else list(modules),
+        exclude_modules=list(lora.excluded()) or None,
+        task_type="CAUSAL_LM",
+    )
 
 
-@dataclass(frozen=True)
-class OptimizerSettings:
-    lr: float
-    total_iters: int
-    min_lr: float = 0.0
-    decay_style: str = "constant"
-    warmup_iters: int = 0
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    clip_grad: float = 1.0
-
-    def lr_factor(self, step: int) -> float:
-        """Multiplier of `lr` at optimizer step `step` (0-based): warmup, then decay."""
-        if step < self.warmup_iters:
-            return (step + 1) / self.warmup_iters
-        if self.decay_style == "constant":
-            return 1.0
-        progress = min(
-            1.0, (step - self.warmup_iters) / max(1, self.total_iters - self.warmup_iters)
-        )
-        floor = self.min_lr / self.lr if self.lr > 0 else 0.0
-        if self.decay_style == "linear":
-            return floor + (1.0 - floor) * (1.0 - progress)
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+def lr_factor(optim: OptimizerConfig, total_iters: int, step: int) -> float:
+    """Multiplier of ``--lr`` at optimizer step `step` (0-based) of `total_iters`: warmup, then
+    ``--lr-decay-style`` down to ``--min-lr``."""
+    warmup = optim.lr_warmup_iters
+    if step < warmup:
+        return (step + 1) / warmup
+    if optim.lr_decay_style == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total_iters - warmup))
+    floor = optim.min_lr / optim.lr if optim.lr > 0 else 0.0
+    if optim.lr_decay_style == "linear":
+        return floor + (1.0 - floor) * (1.0 - progress)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def _json_safe(config: dict[str, Any]) -> dict[str, Any]:
@@ -114,9 +95,10 @@ class PeftPolicyTrainer:
     def __init__(
         self,
         model_path: str,
-        lora: LoraSettings,
-        optim: OptimizerSettings,
+        lora: LoraConfig,
+        optim: OptimizerConfig,
         *,
+        total_steps: int,
         device: str = "cpu",
         dtype: str = "fp32",
         temperature: float = 1.0,
@@ -126,7 +108,8 @@ class PeftPolicyTrainer:
         base_cpu_backup: bool = False,
         seed: int = 0,
     ) -> None:
-        """`base_cpu_backup`: colocated, free the base weights' GPU memory during rollouts
+        """`total_steps`: optimizer steps of the run (the LR schedule's length).
+        `base_cpu_backup`: colocated, free the base weights' GPU memory during rollouts
         (``--lora-base-cpu-backup``, `trainer.backends.frozen_weights`).
         `gradient_checkpointing`: recompute each decoder layer's activations in backward
         (less memory for long sequences, about a third more compute). `logprob_chunk_rows`:
@@ -149,7 +132,7 @@ class PeftPolicyTrainer:
         self.compute_dtype = torch_dtype(dtype)
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.compute_dtype)
         torch.manual_seed(seed)
-        self.model = get_peft_model(base, lora.peft_config()).to(self.device)
+        self.model = get_peft_model(base, peft_lora_config(lora)).to(self.device)
         if gradient_checkpointing:
             _enable_activation_checkpointing(base)
         head = base.get_output_embeddings()
@@ -165,11 +148,13 @@ class PeftPolicyTrainer:
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=optim.lr,
-            betas=(optim.beta1, optim.beta2),
-            eps=optim.eps,
+            betas=(optim.adam_beta1, optim.adam_beta2),
+            eps=optim.adam_eps,
             weight_decay=optim.weight_decay,
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, optim.lr_factor)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, functools.partial(lr_factor, optim, total_steps)
+        )
         self.steps = 0
         self.frozen = FrozenWeights(
             self.model.parameters(), self.device, cpu_backup=base_cpu_backup
@@ -324,38 +309,19 @@ class PeftPolicyTrainer:
             self.frozen.restore()
 
 
-def create(args: argparse.Namespace, device: str, *, total_steps: int) -> PeftPolicyTrainer:
+def create(config: TrainConfig, device: str, *, total_steps: int) -> PeftPolicyTrainer:
     """The ``--train-backend torch`` factory (see `trainer.backends.registry`)."""
-    from trainer.arguments import exclude_modules, resolve_dtype, target_modules
-
-    targets = target_modules(args)
     return PeftPolicyTrainer(
-        args.hf_checkpoint,
-        LoraSettings(
-            rank=args.lora_rank,
-            alpha=args.lora_alpha,
-            dropout=args.lora_dropout,
-            target_modules=targets if isinstance(targets, str) else tuple(targets),
-            exclude_modules=tuple(exclude_modules(args)),
-        ),
-        OptimizerSettings(
-            lr=args.lr,
-            total_iters=total_steps,
-            min_lr=args.min_lr,
-            decay_style=args.lr_decay_style,
-            warmup_iters=args.lr_warmup_iters,
-            weight_decay=args.weight_decay,
-            beta1=args.adam_beta1,
-            beta2=args.adam_beta2,
-            eps=args.adam_eps,
-            clip_grad=args.clip_grad,
-        ),
+        config.checkpoint.hf_checkpoint,
+        config.lora,
+        config.optimizer,
+        total_steps=total_steps,
         device=device,
-        dtype=resolve_dtype(args, device),
-        temperature=args.rollout_temperature,
-        entropy_grad=args.entropy_coef != 0,
-        gradient_checkpointing=args.gradient_checkpointing,
-        logprob_chunk_rows=args.log_probs_chunk_size,
-        base_cpu_backup=args.lora_base_cpu_backup,
-        seed=args.seed,
+        dtype=config.placement.resolve_dtype(device),
+        temperature=config.rollout.rollout_temperature,
+        entropy_grad=config.algorithm.entropy_coef != 0,
+        gradient_checkpointing=config.torch.gradient_checkpointing,
+        logprob_chunk_rows=config.torch.log_probs_chunk_size,
+        base_cpu_backup=config.lora.lora_base_cpu_backup,
+        seed=config.misc.seed,
     )

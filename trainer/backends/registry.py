@@ -1,57 +1,88 @@
-"""``--train-backend`` / ``--rollout-backend`` names -> backend factories, imported lazily.
+"""The backends: what each one is, in one place.
+
+A `BackendSpec` says everything the rest of the project knows about a backend without importing
+it: its ``--train-backend`` / ``--rollout-backend`` name, its display name (docs, the support
+matrix), the module of its factory, the packages and modules it needs and whether it runs on GPUs
+only (`trainer.preflight` checks them at job start), the config group of the flags only it reads
+(`trainer.config`), its checks of the config when selected, and, for a trainer, whether its LoRA
+adapts fused projections. ``trainer.arguments`` takes the flags' choices and the backends' checks
+from here; the config package sits below and never imports a backend.
 
 Every backend module exposes one factory:
 
-* policy trainers: ``create(args: argparse.Namespace, device: str, *, total_steps: int)``
+* policy trainers: ``create(config: TrainConfig, device: str, *, total_steps: int)``
   -> `PolicyTrainer` (``total_steps``: optimizer steps of the whole run, for the LR schedule);
-* rollout engines: ``create(args: argparse.Namespace, device: str, *, engine_index: int)``
+* rollout engines: ``create(config: TrainConfig, device: str, *, engine_index: int)``
   -> `RolloutEngine` (``engine_index``: which of the job's engines, for its random seed).
 
-``device`` is ``"cpu"``, ``"cuda"`` or ``"cuda:<index>"`` (the GPU this process drives). Any
-trainer pairs with any engine: adapters travel as `LoraAdapter` under PEFT names. Nothing here
-imports a backend until its factory is called, so naming a missing production backend costs
-nothing until it is used (and `trainer.preflight` reports it first, from `packages`).
+The factory hands the backend the groups it reads. ``device`` is ``"cpu"``, ``"cuda"`` or
+``"cuda:<index>"`` (the GPU this process drives). Any trainer pairs with any engine: adapters
+travel as `LoraAdapter` under PEFT names. Nothing here imports a backend until its factory is
+called, so naming a missing production backend costs nothing until it is used.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trainer.backends import megatron_lora_names, sglang_args
+
 if TYPE_CHECKING:
     from trainer.backends.base import PolicyTrainer, RolloutEngine
+    from trainer.config import TrainConfig
 
 
 @dataclass(frozen=True)
 class BackendSpec:
     name: str
-    module: str
+    display: str  # how the docs and the support matrix name it
+    module: str  # the module of its ``create`` factory
     packages: tuple[str, ...]  # distributions (``importlib.metadata`` names) it needs
     modules: tuple[str, ...] = ()  # top-level import names it needs beyond those distributions
     needs_gpu: bool = False
+    flags: str | None = None  # the `TrainConfig` group of the flags only this backend reads
+    checks: Callable[[TrainConfig], Iterable[str]] | None = None  # problems when selected
+    fused_lora: bool = False  # a trainer whose adapters span fused projections (q/k/v, gate/up)
 
 
 TRAIN_BACKENDS: dict[str, BackendSpec] = {
     "megatron": BackendSpec(
         "megatron",
+        "Megatron-Bridge",
         "trainer.backends.megatron_trainer",
         packages=("torch", "transformers", "megatron-core", "megatron-bridge"),
         # Megatron-Bridge's LoRA layers import Transformer Engine at module level.
         modules=("transformer_engine",),
         needs_gpu=True,
+        flags="megatron",
+        fused_lora=True,
     ),
     "torch": BackendSpec(
-        "torch", "trainer.backends.peft_trainer", packages=("torch", "transformers", "peft")
+        "torch",
+        "PyTorch + PEFT",
+        "trainer.backends.peft_trainer",
+        packages=("torch", "transformers", "peft"),
+        flags="torch",
     ),
 }
 ROLLOUT_BACKENDS: dict[str, BackendSpec] = {
     "sglang": BackendSpec(
-        "sglang", "trainer.backends.sglang_rollout", packages=("sglang",), needs_gpu=True
+        "sglang",
+        "SGLang",
+        "trainer.backends.sglang_rollout",
+        packages=("sglang",),
+        needs_gpu=True,
+        flags="sglang",
+        checks=sglang_args.problems,
     ),
     "hf": BackendSpec(
-        "hf", "trainer.backends.hf_rollout", packages=("torch", "transformers", "peft")
+        "hf",
+        "transformers `generate`",
+        "trainer.backends.hf_rollout",
+        packages=("torch", "transformers", "peft"),
     ),
 }
 
@@ -64,10 +95,26 @@ def rollout_spec(name: str) -> BackendSpec:
     return _lookup(ROLLOUT_BACKENDS, name, "--rollout-backend")
 
 
+def selected(config: TrainConfig) -> tuple[BackendSpec, BackendSpec]:
+    """The specs of the config's training and rollout backends."""
+    placement = config.placement
+    return train_spec(placement.train_backend), rollout_spec(placement.rollout_backend)
+
+
 def _lookup(table: dict[str, BackendSpec], name: str, flag: str) -> BackendSpec:
     if name not in table:
         raise ValueError(f"{flag} {name!r} is not one of {', '.join(table)}")
     return table[name]
+
+
+def adapter_targets(config: TrainConfig) -> megatron_lora_names.LoraTargets:
+    """The modules the adapter covers, as the selected trainer trains it (a trainer with fused
+    projections widens a request to whole groups): what the engines reserve LoRA room for."""
+    fused = train_spec(config.placement.train_backend).fused_lora
+    lora = config.lora
+    return megatron_lora_names.resolve_targets(
+        lora.target_modules, lora.exclude_modules, fused=fused
+    )
 
 
 def gpu_index(device: str) -> int:
@@ -80,11 +127,13 @@ def _factory(spec: BackendSpec) -> Any:
     return importlib.import_module(spec.module).create
 
 
-def create_trainer(args: argparse.Namespace, device: str, *, total_steps: int) -> PolicyTrainer:
-    return _factory(train_spec(args.train_backend))(args, device, total_steps=total_steps)
+def create_trainer(config: TrainConfig, device: str, *, total_steps: int) -> PolicyTrainer:
+    return _factory(train_spec(config.placement.train_backend))(
+        config, device, total_steps=total_steps
+    )
 
 
-def create_rollout(
-    args: argparse.Namespace, device: str, *, engine_index: int = 0
-) -> RolloutEngine:
-    return _factory(rollout_spec(args.rollout_backend))(args, device, engine_index=engine_index)
+def create_rollout(config: TrainConfig, device: str, *, engine_index: int = 0) -> RolloutEngine:
+    return _factory(rollout_spec(config.placement.rollout_backend))(
+        config, device, engine_index=engine_index
+    )

@@ -2,7 +2,7 @@
 
 The declared flags map onto ServerArgs fields directly (``--rollout-num-gpus-per-engine`` ->
 ``tp_size``, ``--sglang-mem-fraction-static`` -> ``mem_fraction_static``, ...); every other
-``--sglang-<name> VALUE`` collected in ``args.sglang_extra`` becomes ServerArgs field
+``--sglang-<name> VALUE`` collected in `SGLangConfig.sglang_extra` becomes ServerArgs field
 ``<name>`` (dashes -> underscores), its string value coerced to the field's annotated type. An
 unknown name is rejected in one line that lists the closest valid names.
 
@@ -16,7 +16,6 @@ three. Pure: only SGLang's class is read, never an engine started.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import dataclasses
 import difflib
@@ -25,12 +24,15 @@ import json
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainer.backends import megatron_lora_names
 from trainer.backends.sglang_server_fields import SERVER_ARGS_FIELDS, SGLANG_VERSION
+
+if TYPE_CHECKING:
+    from trainer.backends.megatron_lora_names import LoraTargets
+    from trainer.config import TrainConfig
 
 FLAG_PREFIX = "--sglang-"
 _TRUE = frozenset({"true", "1", "yes", "on"})
@@ -284,7 +286,8 @@ def coerce(flag: str, raw: str, field: FieldType) -> Any:
 def coerce_extra(
     extra: Mapping[str, str], fields: Mapping[str, FieldType] | None = None, source: str = ""
 ) -> dict[str, Any]:
-    """``args.sglang_extra`` (flag name without ``--sglang-`` -> value) -> ServerArgs kwargs."""
+    """`SGLangConfig.sglang_extra` (flag name without ``--sglang-`` -> value) -> ServerArgs
+    kwargs."""
     if fields is None:
         fields, source = server_fields()
     out: dict[str, Any] = {}
@@ -306,65 +309,59 @@ def coerce_extra(
     return out
 
 
-def lora_target_modules(args: argparse.Namespace) -> list[str]:
-    """HF projection names the engine reserves LoRA buffers for.
-
-    Megatron fuses q/k/v and gate/up, so its adapters cover whole groups; a PEFT trainer adapts
-    exactly the listed projections (``all-linear`` = the seven projections of a decoder layer).
-    """
-    if args.train_backend == "megatron":
-        return list(
-            megatron_lora_names.resolve_targets(args.target_modules, args.exclude_modules).hf
-        )
-    requested = [m.strip() for m in args.target_modules.split(",") if m.strip()]
-    modules = (
-        list(megatron_lora_names.HF_MODULES)
-        if any(m in megatron_lora_names.ALL_LINEAR_ALIASES for m in requested)
-        else requested
-    )
-    excluded = {m.strip() for m in (args.exclude_modules or "").split(",") if m.strip()}
-    return [m for m in modules if m not in excluded]
+def problems(config: TrainConfig) -> Iterator[str]:
+    """The registry's check of ``--rollout-backend sglang``: every ``--sglang-*`` extra is a
+    ServerArgs field of the right type."""
+    if not config.sglang.sglang_extra:
+        return  # reading the field types may import SGLang: only for extras to check
+    try:
+        coerce_extra(config.sglang.sglang_extra)
+    except SGLangArgError as err:
+        yield str(err)
 
 
 def build_server_args(
-    args: argparse.Namespace,
+    config: TrainConfig,
+    targets: LoraTargets,
     *,
     base_gpu_id: int = 0,
     engine_index: int = 0,
     fields: Mapping[str, FieldType] | None = None,
     source: str = "",
 ) -> dict[str, Any]:
-    """ServerArgs kwargs for engine `engine_index`, of ``--rollout-num-gpus-per-engine`` GPUs.
+    """ServerArgs kwargs for engine `engine_index`, of ``--rollout-num-gpus-per-engine`` GPUs;
+    `targets`: the adapter's modules as the trainer resolves them (`registry.adapter_targets`).
 
     Each engine gets its own random seed (``--seed`` + its index), so engines that serve the
     same prompts do not draw the same samples.
     """
     if fields is None:
         fields, source = server_fields()
+    placement, lora, sglang = config.placement, config.lora, config.sglang
     kwargs: dict[str, Any] = {
-        "model_path": args.hf_checkpoint,
-        "tp_size": args.rollout_num_gpus_per_engine,
+        "model_path": config.checkpoint.hf_checkpoint,
+        "tp_size": placement.rollout_num_gpus_per_engine,
         "base_gpu_id": base_gpu_id,
-        "random_seed": args.seed + engine_index,
-        "dtype": _DTYPES[args.dtype],
+        "random_seed": config.misc.seed + engine_index,
+        "dtype": _DTYPES[placement.dtype],
         "enable_lora": True,
-        "max_lora_rank": args.lora_rank,
-        "lora_target_modules": lora_target_modules(args),
+        "max_lora_rank": lora.lora_rank,
+        "lora_target_modules": list(targets.hf),
         "max_loras_per_batch": LORA_SLOTS,
         # Unset sampling fields take SGLang's neutral defaults, not the checkpoint's
         # generation_config.json (a min_p or repetition penalty would change the policy).
         "sampling_defaults": "openai",
     }
     optional = {
-        "mem_fraction_static": args.sglang_mem_fraction_static,
-        "chunked_prefill_size": args.sglang_chunked_prefill_size,
-        "lora_backend": args.sglang_lora_backend,
-        "attention_backend": args.sglang_attention_backend,
+        "mem_fraction_static": sglang.sglang_mem_fraction_static,
+        "chunked_prefill_size": sglang.sglang_chunked_prefill_size,
+        "lora_backend": sglang.sglang_lora_backend,
+        "attention_backend": sglang.sglang_attention_backend,
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
-    if args.colocate:
+    if placement.colocate:
         kwargs["enable_memory_saver"] = True
-        if args.lora_base_cpu_backup:
+        if lora.lora_base_cpu_backup:
             kwargs["enable_weights_cpu_backup"] = True
     missing = [name for name in kwargs if name not in fields]
     if missing:
@@ -372,5 +369,5 @@ def build_server_args(
             f"{source or 'SGLang'} has no server argument {', '.join(missing)} "
             f"(needed by {', '.join(MANAGED_FIELDS.get(m, 'the rollout engine') for m in missing)})"
         )
-    kwargs.update(coerce_extra(args.sglang_extra, fields, source))
+    kwargs.update(coerce_extra(sglang.sglang_extra, fields, source))
     return kwargs

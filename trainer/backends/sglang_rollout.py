@@ -19,22 +19,24 @@ anyway.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trainer.backends import registry
 from trainer.backends.base import Generation, LoraAdapter, SamplingParams
 from trainer.backends.generation_parsing import (
     parse_input_logprobs,
     parse_outputs,
     sampling_params,
 )
-from trainer.backends.registry import gpu_index
 from trainer.backends.sglang_args import build_server_args
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 # SGLang's memory-saver tags (sglang/srt/constants.py, 0.5.9).
 KV_CACHE, WEIGHTS, CUDA_GRAPH = "kv_cache", "weights", "cuda_graph"
@@ -121,9 +123,14 @@ class SGLangRolloutEngine:
         self._adapter_dir.cleanup()
 
 
-def create(args: argparse.Namespace, device: str, *, engine_index: int = 0) -> SGLangRolloutEngine:
+def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> SGLangRolloutEngine:
     """Engine `engine_index`, whose first GPU is `device` (``cuda:<index>``), spanning
     ``--rollout-num-gpus-per-engine`` consecutive GPUs."""
     return SGLangRolloutEngine(
-        build_server_args(args, base_gpu_id=gpu_index(device), engine_index=engine_index)
+        build_server_args(
+            config,
+            registry.adapter_targets(config),
+            base_gpu_id=registry.gpu_index(device),
+            engine_index=engine_index,
+        )
     )

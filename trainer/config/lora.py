@@ -1,0 +1,45 @@
+"""The LoRA adapter: its shape and the modules it wraps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from trainer.config.flags import flag, fraction, positive, split_list
+
+ALL_LINEAR = "all-linear"
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    TITLE = "LoRA"
+
+    lora_rank: int = flag(16)
+    lora_alpha: float = flag(32.0)
+    lora_dropout: float = flag(0.0)
+    target_modules: str = flag(ALL_LINEAR, help='comma list or "all-linear"')
+    exclude_modules: str | None = flag(None, help="comma list of modules to leave without LoRA")
+    lora_base_cpu_backup: bool = flag(False)
+
+    def modules(self) -> str | tuple[str, ...]:
+        """``"all-linear"`` or the names of the modules LoRA wraps, as given."""
+        return ALL_LINEAR if self.target_modules == ALL_LINEAR else split_list(self.target_modules)
+
+    def excluded(self) -> tuple[str, ...]:
+        return split_list(self.exclude_modules)
+
+    def problems(self) -> Iterator[str]:
+        yield from positive(self, "lora_rank", "lora_alpha")
+        yield from fraction(self, "lora_dropout")
+        if self.lora_dropout > 0:
+            yield (
+                f"--lora-dropout {self.lora_dropout} is refused: old log-probs come without "
+                "dropout and the training forward drops out, so the on-policy PPO ratio is not 1; "
+                "use 0"
+            )
+        if self.target_modules != ALL_LINEAR:
+            modules = split_list(self.target_modules)
+            if not modules:
+                yield '--target-modules must be "all-linear" or a comma list of module names'
+            elif ALL_LINEAR in modules:
+                yield '--target-modules: "all-linear" cannot be combined with module names'

@@ -1,0 +1,103 @@
+"""Placement: the backends, the devices of the training ranks and of the rollout engines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from trainer.config.flags import flag, option, positive
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """The backend choices are the registry's names (`trainer.backends.registry`): the argv
+    layer supplies them, since the config sits below the backends."""
+
+    TITLE = "placement"
+
+    train_backend: str = flag("torch")
+    rollout_backend: str = flag("hf")
+    actor_num_nodes: int = flag(1)
+    actor_num_gpus_per_node: int = flag(1)
+    num_gpus_per_node: int | None = flag(None, help="defaults to --actor-num-gpus-per-node")
+    rollout_num_gpus: int | None = flag(None, help="defaults to the actor total (colocated)")
+    rollout_num_gpus_per_engine: int = flag(1)
+    colocate: bool = flag(False)
+    train_python: str | None = flag(
+        None,
+        help="Python interpreter of the training actors (Ray runtime env py_executable), for a "
+        "trainer whose packages cannot share the job's environment; default: the job's",
+    )
+    rollout_python: str | None = flag(
+        None,
+        help="Python interpreter of the rollout engines (as --train-python); default: the job's",
+    )
+    device: str = flag("auto", choices=("auto", "cpu", "cuda"))
+    dtype: str = flag("auto", choices=("auto", "bf16", "fp32"), help="auto: bf16 GPU, fp32 CPU")
+
+    @property
+    def actor_num_gpus(self) -> int:
+        return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+    def resolved(self, *, needs_gpu: bool) -> PlacementConfig:
+        """`needs_gpu`: a selected backend runs on GPUs only (``--device auto`` is then cuda)."""
+        device = "cuda" if self.device == "auto" and needs_gpu else self.device
+        return replace(
+            self,
+            num_gpus_per_node=self.actor_num_gpus_per_node
+            if self.num_gpus_per_node is None
+            else self.num_gpus_per_node,
+            rollout_num_gpus=self.rollout_num_gpus
+            if self.rollout_num_gpus is not None
+            else self.actor_num_gpus
+            if self.colocate
+            else self.rollout_num_gpus_per_engine,
+            device=device,
+            dtype=self.dtype if device == "auto" else self.resolve_dtype(device),
+        )
+
+    def resolve_device(self) -> str:
+        """``cpu`` or ``cuda`` for this process; ``auto`` probes torch (imported lazily)."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolve_dtype(self, device: str) -> str:
+        """``bf16`` or ``fp32``; ``auto`` is bf16 on a GPU and fp32 on CPU."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "fp32" if device == "cpu" else "bf16"
+
+    def problems(self) -> Iterator[str]:
+        yield from positive(
+            self, "actor_num_nodes", "actor_num_gpus_per_node", "num_gpus_per_node",
+            "rollout_num_gpus", "rollout_num_gpus_per_engine",
+        )  # fmt: skip
+        for name in ("train_python", "rollout_python"):
+            value = getattr(self, name)
+            if value is not None and not value.startswith("/"):
+                yield f"{option(name)} must be an absolute path (got {value})"
+        if self.actor_num_gpus_per_node > self.num_gpus_per_node:
+            yield (
+                f"--actor-num-gpus-per-node {self.actor_num_gpus_per_node} exceeds "
+                f"--num-gpus-per-node {self.num_gpus_per_node}"
+            )
+        per_engine = self.rollout_num_gpus_per_engine
+        if self.actor_num_gpus % per_engine:
+            yield (
+                f"actor GPUs ({self.actor_num_nodes} node(s) x {self.actor_num_gpus_per_node} = "
+                f"{self.actor_num_gpus}) must be divisible by --rollout-num-gpus-per-engine "
+                f"{per_engine}"
+            )
+        if self.rollout_num_gpus % per_engine:
+            yield (
+                f"--rollout-num-gpus {self.rollout_num_gpus} must be divisible by "
+                f"--rollout-num-gpus-per-engine {per_engine}"
+            )
+        if self.colocate and self.rollout_num_gpus != self.actor_num_gpus:
+            yield (
+                f"--colocate shares the actor's {self.actor_num_gpus} GPU(s); "
+                f"--rollout-num-gpus {self.rollout_num_gpus} differs"
+            )

@@ -1,0 +1,32 @@
+"""Flags of the PyTorch + PEFT trainer (``--train-backend torch``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from trainer.config.flags import flag
+
+
+@dataclass(frozen=True)
+class TorchConfig:
+    TITLE = "torch backend"
+
+    gradient_checkpointing: bool = flag(
+        False,
+        help="torch backend: recompute decoder activations in backward (Megatron: --recompute-*)",
+    )
+    log_probs_chunk_size: int = flag(
+        -1,
+        help="torch backend: response tokens per chunk of the log-prob/entropy computation "
+        "(exact either way; smaller chunks hold less of the [tokens, vocab] logits at once); "
+        "-1: 512",
+    )
+
+    def problems(self) -> Iterator[str]:
+        if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
+            yield f"--log-probs-chunk-size must be -1 or > 0 (got {self.log_probs_chunk_size})"
+
+    def backend_only_flags(self) -> list[str]:
+        """Flags given here that no other backend reads: none refused (others ignore them)."""
+        return []
