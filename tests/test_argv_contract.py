@@ -9,9 +9,8 @@ from typing import Literal
 import pytest
 
 from harness import LaunchContext, Launcher, LauncherArgs, LaunchError, RayJobSubmit, build_plan
+from harness.context import check_train_argv
 from harness.discovery import discover_launchers
-from harness.steps import train_py_argv
-from trainer.arguments import UsageError, parse_args
 
 LAUNCHERS = discover_launchers()
 VARIANTS = {
@@ -46,14 +45,10 @@ def variant_args(launcher: Launcher, variant: str) -> LauncherArgs:
 )
 def test_every_train_argv_parses(launcher, entrypoint, variant):
     plan = build_plan(launcher, entrypoint, variant_args(launcher, variant))
-    for step in plan.steps:
-        argv = train_py_argv(step)
-        if argv is None:
-            continue
-        try:
-            parse_args(argv)
-        except UsageError as err:
-            pytest.fail(f"{launcher.path} {entrypoint} ({variant}): train.py rejects: {err}")
+    try:
+        check_train_argv(plan.steps, f"{launcher.path} {entrypoint} ({variant})")
+    except LaunchError as err:
+        pytest.fail(str(err))
 
 
 @dataclass(frozen=True)
