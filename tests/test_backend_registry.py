@@ -65,24 +65,40 @@ def test_the_adapter_targets_follow_the_trainer() -> None:
     assert registry.adapter_targets(config_of("--target-modules", "q_proj")).hf == ("q_proj",)
 
 
-@pytest.mark.parametrize(
-    ("spec", "module"),
-    [
-        (registry.train_spec("megatron"), "trainer.backends.megatron_trainer"),
-        (registry.train_spec("torch"), "trainer.backends.peft_trainer"),
-        (registry.rollout_spec("sglang"), "trainer.backends.sglang_rollout"),
-        (registry.rollout_spec("hf"), "trainer.backends.hf_rollout"),
-    ],
-)
-def test_backend_modules_expose_the_factory_without_importing_heavy_packages(spec, module) -> None:
-    assert spec.module == module
-    factory = importlib.import_module(module).create
+SPECS = [*registry.TRAIN_BACKENDS.values(), *registry.ROLLOUT_BACKENDS.values()]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=[spec.module for spec in SPECS])
+def test_backend_modules_expose_the_factory_without_importing_heavy_packages(spec) -> None:
+    factory = importlib.import_module(spec.module).create
     params = list(inspect.signature(factory).parameters.values())
     assert [p.name for p in params[:2]] == ["config", "device"]
     keyword = "total_steps" if spec in registry.TRAIN_BACKENDS.values() else "engine_index"
     assert [p.name for p in params[2:]] == [keyword]
     assert params[2].kind is inspect.Parameter.KEYWORD_ONLY
     assert not any(m == "sglang" or m.startswith(("sglang.", "megatron")) for m in sys.modules)
+
+
+def test_a_new_rollout_backend_is_its_module_and_its_registry_entry(monkeypatch) -> None:
+    """From the entry alone: a choice of the flag, cuda for --device auto when it needs GPUs,
+    refused with --device cpu, checked by the preflight, and created through its factory."""
+    from trainer import preflight
+    from trainer.errors import UsageError
+
+    fake = types.ModuleType("fake_rollout")
+    fake.create = lambda config, device, *, engine_index: ("engine", device, engine_index)
+    monkeypatch.setitem(sys.modules, "fake_rollout", fake)
+    spec = registry.BackendSpec("fake", "Fake", "fake_rollout", ("fake-dist",), needs_gpu=True)
+    monkeypatch.setitem(registry.ROLLOUT_BACKENDS, "fake", spec)
+    config = config_of("--rollout-backend", "fake")
+    assert config.placement.device == "cuda"
+    assert registry.create_rollout(config, "cuda:1", engine_index=3) == ("engine", "cuda:1", 3)
+    with pytest.raises(UsageError, match="--device cpu works only with"):
+        config_of("--rollout-backend", "fake", "--device", "cpu")
+    env = preflight.probe({})
+    assert (
+        "--rollout-backend fake needs fake-dist" in preflight.problems(config.placement, env, 1)[0]
+    )
 
 
 def test_production_backends_declare_their_packages() -> None:
