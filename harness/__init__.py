@@ -3,15 +3,18 @@
 A launcher imports what it needs from here; see ``launchers/cpu/run_tiny_qwen3_lora.py``.
 """
 
+from harness.cluster_shape import CLUSTER_FLAGS, ClusterShape
 from harness.context import LaunchContext, Plan, build_plan
 from harness.errors import LaunchError
-from harness.launcher import Launcher, LauncherArgs, arg, multi_node_recordings
-from harness.ray_job import execute_train, flags, join_cluster, wandb_flags
+from harness.launcher import Launcher, LauncherArgs, arg, flags, multi_node_recordings
+from harness.ray_job import execute_train, join_cluster, wandb_flags
 from harness.slurm import write_batch_script
 from harness.steps import ClaimRun, HubDownload, RayJobSubmit, RayStart, RayStop, Shell, Step
 
 __all__ = [
+    "CLUSTER_FLAGS",
     "ClaimRun",
+    "ClusterShape",
     "HubDownload",
     "LaunchContext",
     "LaunchError",

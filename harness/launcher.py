@@ -43,6 +43,24 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def flags(**values: Any) -> list[str]:
+    """train.py flags from keyword arguments, in order.
+
+    ``lora_rank=64`` gives ``--lora-rank 64``; True gives a bare flag, False and None nothing;
+    a tuple or list gives one flag followed by several values.
+    """
+    argv: list[str] = []
+    for name, value in values.items():
+        if value is None or value is False:
+            continue
+        argv.append(flag(name))
+        if isinstance(value, (tuple, list)):
+            argv += [str(v) for v in value]
+        elif value is not True:
+            argv.append(str(value))
+    return argv
+
+
 @dataclass(frozen=True)
 class LauncherArgs:
     """Fields every launcher has. A launcher narrows `hardware` to a ``Literal`` of its choices."""
@@ -112,6 +130,18 @@ class LauncherArgs:
         if self.ray_address is not None and not self.ray_address.strip():
             raise LaunchError("--ray-address must not be empty")
         _ = self.extra_env_vars, self.extra_argv
+
+    @property
+    def cpus_per_node(self) -> int | None:
+        """CPUs each Ray node offers (``ray start --num-cpus``); None: Ray counts the node's.
+        A launcher with an option for it returns that option."""
+        return None
+
+    @property
+    def ranks_per_node(self) -> int | None:
+        """Training ranks on each node; None: one per GPU. A launcher for nodes without a GPU
+        returns its option for it."""
+        return None
 
     @property
     def extra_env_vars(self) -> dict[str, str]:

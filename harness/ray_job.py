@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from harness.cluster_shape import TrainArgv
 from harness.context import LaunchContext
 from harness.errors import LaunchError
 from harness.hardware import Hardware
-from harness.launcher import LauncherArgs, flag
+from harness.launcher import LauncherArgs, flags
 from harness.platform import platform_env
 from harness.run_tag import RunTag
 from harness.secrets import is_secret
@@ -42,24 +43,6 @@ LOCALHOST = "127.0.0.1"
 WORKING_DIR_EXCLUDES = (".git", ".venv")
 
 
-def flags(**values: Any) -> list[str]:
-    """train.py flags from keyword arguments, in order.
-
-    ``lora_rank=64`` gives ``--lora-rank 64``; True gives a bare flag, False and None nothing;
-    a tuple or list gives one flag followed by several values.
-    """
-    argv: list[str] = []
-    for name, value in values.items():
-        if value is None or value is False:
-            continue
-        argv.append(flag(name))
-        if isinstance(value, (tuple, list)):
-            argv += [str(v) for v in value]
-        elif value is not True:
-            argv.append(str(value))
-    return argv
-
-
 def wandb_flags(ctx: LaunchContext, args: LauncherArgs) -> list[str]:
     """Wandb flags when wandb will log: offline mode, or online with WANDB_API_KEY set.
 
@@ -82,11 +65,8 @@ def wandb_flags(ctx: LaunchContext, args: LauncherArgs) -> list[str]:
 def execute_train(
     ctx: LaunchContext,
     args: LauncherArgs,
-    train_argv: Sequence[str],
+    train_argv: TrainArgv,
     *,
-    hardware: Hardware,
-    num_gpus_per_node: int,
-    num_cpus: int | None = None,
     job_env: Mapping[str, str] | None = None,
     stop_ray: bool = False,
 ) -> None:
@@ -101,15 +81,21 @@ def execute_train(
     joined every other node. With an address the job goes to that cluster and no process here
     is started or stopped.
 
+    The cluster (`LaunchContext.cluster`) is resolved here, once: the ``ray start``, the wait
+    for its nodes and train.py's placement flags, which `train_argv` places with
+    `CLUSTER_FLAGS`, all derive from it.
+
     Secret variables (`harness.secrets`) of the job's environment go, on a Ray of this run's
     own, into a private file beside its token that the runtime env names (`trainer.job_env`):
     Ray logs a runtime env's variables in clear text. A cluster given by address gets them as
     variables.
     """
+    cluster = ctx.cluster(args)
+    hardware = cluster.hardware
     host_env = ctx.host.env
     address = args.ray_address or host_env.get("RAY_ADDRESS") or None
     own_cluster = address is None
-    several = args.num_nodes > 1
+    several = cluster.nodes > 1
     if address and not args.ray_address:
         ctx.note(f"RAY_ADDRESS is set: submitting to {address}; no Ray is started or stopped")
     platform = platform_env(hardware, host_env)
@@ -124,8 +110,8 @@ def execute_train(
             RayStart(
                 node_ip_address=None if several else LOCALHOST,
                 port=args.ray_port,
-                num_gpus=num_gpus_per_node,
-                num_cpus=num_cpus,
+                num_gpus=cluster.gpus_per_node,
+                num_cpus=cluster.cpus_per_node,
                 dashboard_port=args.dashboard_port,
                 env={**platform, "PYTHONUNBUFFERED": "1"},
                 tag=str(tag),
@@ -136,11 +122,11 @@ def execute_train(
         )
         if several:
             gcs = f"{LOCALHOST}:{args.ray_port}"
-            gpus = args.num_nodes * num_gpus_per_node
             timeout = args.cluster_timeout
-            ctx.emit(WaitForCluster(gcs, args.num_nodes, gpus, timeout, token_path, checkout))
+            nodes, gpus = cluster.nodes, cluster.gpus
+            ctx.emit(WaitForCluster(gcs, nodes, gpus, timeout, token_path, checkout))
 
-    argv = [*train_argv, *args.extra_argv]
+    argv = [*cluster.fill(train_argv), *args.extra_argv]
     env_vars = {
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": _join_unique(":", checkout, host_env.get("PYTHONPATH", "")),
@@ -170,14 +156,7 @@ def execute_train(
         ctx.emit(RayStop(str(tag), checkout))
 
 
-def join_cluster(
-    ctx: LaunchContext,
-    args: LauncherArgs,
-    *,
-    hardware: Hardware,
-    num_gpus_per_node: int,
-    num_cpus: int | None = None,
-) -> None:
+def join_cluster(ctx: LaunchContext, args: LauncherArgs) -> None:
     """Emit what a worker node runs: wait for the head, then ``ray start --address HEAD``.
 
     The worker gets the same platform environment as the head (the ROCm rules included), runs
@@ -190,6 +169,8 @@ def join_cluster(
         raise LaunchError("worker needs --head-address (the head node), or a Slurm allocation")
     if args.ray_address or ctx.host.env.get("RAY_ADDRESS"):
         raise LaunchError("worker starts a node of a new cluster; drop --ray-address/RAY_ADDRESS")
+    cluster = ctx.cluster(args)
+    hardware = cluster.hardware
     tag = str(run_tag(ctx, args, hardware, role="worker"))
     checkout = ctx.host.checkout
     head = f"{args.head_address}:{args.ray_port}"
@@ -199,10 +180,10 @@ def join_cluster(
     ctx.emit(
         RayStart(
             node_ip_address=None,
-            num_gpus=num_gpus_per_node,
+            num_gpus=cluster.gpus_per_node,
             head=False,
             head_address=head,
-            num_cpus=num_cpus,
+            num_cpus=cluster.cpus_per_node,
             env={**platform_env(hardware, ctx.host.env), "PYTHONUNBUFFERED": "1"},
             tag=tag,
             token_path=token_path,
@@ -221,7 +202,7 @@ def run_tag(ctx: LaunchContext, args: LauncherArgs, hardware: Hardware, role: st
     """This run's tag: the launcher's file in this checkout (with ``:worker`` on a worker
     node), the devices it asks for (``cpu``, ids, ``all``), and the run id. Another checkout's
     launcher is another launcher."""
-    if not hardware.gpus_per_node:
+    if hardware.device == "cpu":
         devices = "cpu"
     else:
         devices = ctx.host.visible_device_ids(hardware.vendor) or "all"

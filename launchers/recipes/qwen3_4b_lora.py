@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness import (
+    CLUSTER_FLAGS,
     HubDownload,
     LaunchContext,
     LauncherArgs,
@@ -82,8 +83,6 @@ def prepare(ctx: LaunchContext, args: Args) -> None:
 
 
 def train(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> None:
-    hardware = ctx.resolve_hardware(args.hardware)
-    gpus = ctx.gpus_per_node(hardware, args.num_gpus_per_node)
     checkpoints = f"{args.output_dir}/{args.run_id}/checkpoints"
 
     checkpoint = flags(
@@ -147,18 +146,18 @@ def train(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> None:
         sglang_lora_backend=backends.lora,
         sglang_attention_backend=backends.attention,
     )
-    misc = flags(
-        train_backend="megatron",
-        rollout_backend="sglang",
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        accumulate_allreduce_grads_in_fp32=True,
-        attention_softmax_in_fp32=True,
-        actor_num_nodes=args.num_nodes,
-        actor_num_gpus_per_node=gpus,
-        num_gpus_per_node=gpus,
-        colocate=True,
-    )
+    misc = [
+        *flags(
+            train_backend="megatron",
+            rollout_backend="sglang",
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+            accumulate_allreduce_grads_in_fp32=True,
+            attention_softmax_in_fp32=True,
+        ),
+        CLUSTER_FLAGS,
+        *flags(colocate=True),
+    ]
     execute_train(
         ctx,
         args,
@@ -173,19 +172,14 @@ def train(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> None:
             *sglang,
             *misc,
         ],
-        hardware=hardware,
-        num_gpus_per_node=gpus,
         # Megatron overlaps communication with compute only on a single hardware queue.
         job_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
     )
 
 
 def worker(ctx: LaunchContext, args: Args) -> None:
-    hardware = ctx.resolve_hardware(args.hardware)
-    gpus = ctx.gpus_per_node(hardware, args.num_gpus_per_node)
-    join_cluster(ctx, args, hardware=hardware, num_gpus_per_node=gpus)
+    join_cluster(ctx, args)
 
 
 def sbatch(ctx: LaunchContext, args: Args) -> None:
-    hardware = ctx.resolve_hardware(args.hardware)
-    write_batch_script(ctx, args, gpus_per_node=ctx.gpus_per_node(hardware, args.num_gpus_per_node))
+    write_batch_script(ctx, args)
