@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.cluster_shape import TrainArgv
+from harness.cluster_shape import ClusterShape, TrainArgv
 from harness.context import LaunchContext
 from harness.errors import LaunchError
 from harness.hardware import Hardware
@@ -91,55 +91,22 @@ def execute_train(
     variables.
     """
     cluster = ctx.cluster(args)
-    hardware = cluster.hardware
-    host_env = ctx.host.env
-    address = args.ray_address or host_env.get("RAY_ADDRESS") or None
+    address = args.ray_address or ctx.host.env.get("RAY_ADDRESS") or None
     own_cluster = address is None
     several = cluster.nodes > 1
     if address and not args.ray_address:
         ctx.note(f"RAY_ADDRESS is set: submitting to {address}; no Ray is started or stopped")
-    platform = platform_env(hardware, host_env)
-    tag = run_tag(ctx, args, hardware)
-    checkout = ctx.host.checkout
+    platform = platform_env(cluster.hardware, ctx.host.env)
+    tag = run_tag(ctx, args, cluster.hardware)
     token_path = cluster_token_path(args) if several else tag.token_path
-
     if own_cluster:
-        ports = (args.ray_port, args.dashboard_port, args.agent_port, args.client_server_port)
-        ctx.emit(ClaimRun(str(tag), checkout, ports=ports, token_path=token_path))
-        ctx.emit(
-            RayStart(
-                node_ip_address=None if several else LOCALHOST,
-                port=args.ray_port,
-                num_gpus=cluster.gpus_per_node,
-                num_cpus=cluster.cpus_per_node,
-                dashboard_port=args.dashboard_port,
-                env={**platform, "PYTHONUNBUFFERED": "1"},
-                tag=str(tag),
-                token_path=token_path,
-                agent_port=args.agent_port,
-                client_server_port=args.client_server_port,
-            )
-        )
-        if several:
-            gcs = f"{LOCALHOST}:{args.ray_port}"
-            timeout = args.cluster_timeout
-            nodes, gpus = cluster.nodes, cluster.gpus
-            ctx.emit(WaitForCluster(gcs, nodes, gpus, timeout, token_path, checkout))
+        _start_head(ctx, args, cluster, str(tag), token_path, platform)
 
     argv = [*cluster.fill(train_argv), *args.extra_argv]
-    env_vars = {
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": _join_unique(":", checkout, host_env.get("PYTHONPATH", "")),
-        # Only a single-node cluster of this node's own is known to be here.
-        **({"MASTER_ADDR": LOCALHOST} if own_cluster and not several else {}),
-        "no_proxy": _join_unique(",", LOCALHOST, "localhost", host_env.get("no_proxy", "")),
-        **{name: host_env[name] for name in FORWARDED_ENV if name in host_env},
-        **platform,
-    }
-    if "--use-wandb" in argv and host_env.get("WANDB_API_KEY"):
-        env_vars["WANDB_API_KEY"] = host_env["WANDB_API_KEY"]
-    env_vars.update(job_env or {})
-    env_vars.update(args.extra_env_vars)
+    # Only a single-node cluster of this node's own is known to be here.
+    local = own_cluster and not several
+    env_vars = _job_env_vars(ctx, args, argv, platform, job_env or {}, local_head=local)
+    checkout = ctx.host.checkout
     runtime_env: dict[str, Any] = {"working_dir": checkout, "excludes": list(WORKING_DIR_EXCLUDES)}
     secret_env = {}
     if own_cluster:  # secrets go to a private file, since Ray logs a runtime env's variables
@@ -154,6 +121,68 @@ def execute_train(
     ctx.emit(RayJobSubmit(job_address, entrypoint, runtime_env, job_token, secret_env))
     if own_cluster and stop_ray:
         ctx.emit(RayStop(str(tag), checkout))
+
+
+def _start_head(
+    ctx: LaunchContext,
+    args: LauncherArgs,
+    cluster: ClusterShape,
+    tag: str,
+    token_path: str,
+    platform: Mapping[str, str],
+) -> None:
+    """Emit the claim of this node, the ``ray start`` of its head and, with several nodes, the
+    wait until the cluster has them all."""
+    checkout = ctx.host.checkout
+    several = cluster.nodes > 1
+    ports = (args.ray_port, args.dashboard_port, args.agent_port, args.client_server_port)
+    ctx.emit(ClaimRun(tag, checkout, ports=ports, token_path=token_path))
+    ctx.emit(
+        RayStart(
+            node_ip_address=None if several else LOCALHOST,
+            port=args.ray_port,
+            num_gpus=cluster.gpus_per_node,
+            num_cpus=cluster.cpus_per_node,
+            dashboard_port=args.dashboard_port,
+            env={**platform, "PYTHONUNBUFFERED": "1"},
+            tag=tag,
+            token_path=token_path,
+            agent_port=args.agent_port,
+            client_server_port=args.client_server_port,
+        )
+    )
+    if several:
+        gcs = f"{LOCALHOST}:{args.ray_port}"
+        timeout = args.cluster_timeout
+        ctx.emit(WaitForCluster(gcs, cluster.nodes, cluster.gpus, timeout, token_path, checkout))
+
+
+def _job_env_vars(
+    ctx: LaunchContext,
+    args: LauncherArgs,
+    argv: Sequence[str],
+    platform: Mapping[str, str],
+    job_env: Mapping[str, str],
+    *,
+    local_head: bool,
+) -> dict[str, str]:
+    """The job's environment, secrets included: the checkout on PYTHONPATH, the forwarded host
+    variables, the platform's, the wandb key where wandb logs, then the recipe's `job_env`
+    and the user's ``--extra-env`` (each wins over what comes before it)."""
+    host_env = ctx.host.env
+    env_vars = {
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": _join_unique(":", ctx.host.checkout, host_env.get("PYTHONPATH", "")),
+        **({"MASTER_ADDR": LOCALHOST} if local_head else {}),
+        "no_proxy": _join_unique(",", LOCALHOST, "localhost", host_env.get("no_proxy", "")),
+        **{name: host_env[name] for name in FORWARDED_ENV if name in host_env},
+        **platform,
+    }
+    if "--use-wandb" in argv and host_env.get("WANDB_API_KEY"):
+        env_vars["WANDB_API_KEY"] = host_env["WANDB_API_KEY"]
+    env_vars.update(job_env)
+    env_vars.update(args.extra_env_vars)
+    return env_vars
 
 
 def join_cluster(ctx: LaunchContext, args: LauncherArgs) -> None:

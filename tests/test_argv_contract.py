@@ -67,7 +67,7 @@ def submit(ctx: LaunchContext, args: RenamedFlagArgs) -> None:
     ctx.emit(RayJobSubmit("http://127.0.0.1:8265", argv))
 
 
-LAUNCHER = Launcher(args=RenamedFlagArgs, entrypoints=(submit,), recorded_hardware="CPU")
+LAUNCHER = Launcher(__name__, args=RenamedFlagArgs, entrypoints=(submit,), recorded_hardware="CPU")
 
 
 def test_a_flag_train_py_does_not_know_fails_the_plan_naming_it():

@@ -54,6 +54,6 @@ def emit(ctx: LaunchContext, args: CpuArgs) -> None:
 
 
 def test_a_launcher_for_nodes_without_gpu_must_name_its_ranks():
-    launcher = Launcher(args=CpuArgs, entrypoints=(emit,), recorded_hardware="CPU")
+    launcher = Launcher(__name__, args=CpuArgs, entrypoints=(emit,), recorded_hardware="CPU")
     with pytest.raises(TypeError, match="name the training ranks per node"):
         build_plan(launcher, "emit", host=record_host())

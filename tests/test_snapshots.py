@@ -104,6 +104,6 @@ def silent(ctx: LaunchContext, args: SilentArgs) -> None:
 
 
 def test_an_entrypoint_that_emits_no_step_fails():
-    launcher = Launcher(args=SilentArgs, entrypoints=(silent,), recorded_hardware="CPU")
+    launcher = Launcher(__name__, args=SilentArgs, entrypoints=(silent,), recorded_hardware="CPU")
     with pytest.raises(LaunchError, match="silent emitted no step"):
         build_plan(launcher, "silent")

@@ -3,7 +3,8 @@
 The portable end-to-end check of the whole chain: `prepare` builds a tiny random Qwen3 model and
 a tiny task locally (no download), `train` starts a local Ray head, submits the real GRPO LoRA
 job and stops Ray again. Rerunning `train` with the same --run-id resumes from its checkpoint.
-Copy this file to start a new launcher.
+A recipe and its launcher in one file: copy it to start a launcher for a new model
+(docs/adding-a-launcher.md).
 
     python -m launchers.cpu.run_tiny_qwen3_lora full-train --run-id demo
 """
@@ -16,17 +17,14 @@ from typing import Literal
 from harness import (
     CLUSTER_FLAGS,
     LaunchContext,
-    Launcher,
     LauncherArgs,
     LaunchError,
     Shell,
     arg,
     execute_train,
     flags,
-    join_cluster,
-    multi_node_recordings,
+    recipe_launcher,
     wandb_flags,
-    write_batch_script,
 )
 from harness.cli import main
 from trainer.arguments import MAX_SEED
@@ -127,27 +125,18 @@ def train(ctx: LaunchContext, args: Args) -> None:
     execute_train(ctx, args, argv, stop_ray=True)
 
 
-def full_train(ctx: LaunchContext, args: Args) -> None:
-    """Build the tiny model and task, then train."""
-    prepare(ctx, args)
-    train(ctx, args)
-
-
-def worker(ctx: LaunchContext, args: Args) -> None:
-    """Join this node to the cluster of the head (--head-address) running `train --num-nodes`."""
-    join_cluster(ctx, args)
-
-
-def sbatch(ctx: LaunchContext, args: Args) -> None:
-    """Write the Slurm batch script of a --num-nodes run (submit it with sbatch)."""
-    write_batch_script(ctx, args)
-
-
-LAUNCHER = Launcher(
+LAUNCHER = recipe_launcher(
+    __name__,
     args=Args,
-    entrypoints=(prepare, train, full_train, worker, sbatch),
+    prepare=prepare,
+    train=train,
     recorded_hardware="CPU",
-    recordings=multi_node_recordings(),
+    evidence=(
+        "snapshots, argv contract; the default test suite runs the job live on 2 CPU cores "
+        "(the README's command: reward first-5 0.091 -> last-5 0.459, 2026-12-03); the same "
+        "recipe on 1x H200 in bf16 (`cuda_gpu` test, before issue 12's miles defaults): "
+        "0.128 -> 0.562, 0.36 s/step"
+    ),
 )
 
 if __name__ == "__main__":
