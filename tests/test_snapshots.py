@@ -64,7 +64,7 @@ def test_a_missing_snapshot_names_its_file_and_the_fix(tmp_path):
     reason = missing_snapshot("launchers/new/run_x/train", tmp_path)
     assert reason is not None
     assert f"no snapshot {tmp_path}/launchers/new/run_x/train.txt" in reason
-    assert "pytest tests/test_snapshots.py --snapshot-update" in reason
+    assert "`pytest tests/test_snapshots.py --snapshot-update -k launchers/new/run_x`" in reason
 
 
 def test_orphan_detection(tmp_path):
