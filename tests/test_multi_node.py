@@ -76,8 +76,8 @@ MULTI_NODE = [lau for lau in discover_launchers() if "train_2_nodes" in lau.reco
 @pytest.mark.parametrize("launcher", MULTI_NODE, ids=[lau.path for lau in MULTI_NODE])
 def test_train_places_its_ranks_on_the_cluster_it_starts_and_waits_for(launcher):
     """The cluster is said once: train.py's placement flags name the nodes the head waits for
-    and the GPUs each node gives Ray (the CPU launcher used to wait for 2 nodes, then train on
-    1)."""
+    and the GPUs each node (head or worker) gives Ray (the CPU launcher used to wait for 2
+    nodes, then train on 1)."""
     steps = record(launcher, "train_2_nodes").steps
     (start,) = [s for s in steps if isinstance(s, RayStart)]
     (wait,) = [s for s in steps if isinstance(s, WaitForCluster)]
@@ -86,6 +86,8 @@ def test_train_places_its_ranks_on_the_cluster_it_starts_and_waits_for(launcher)
     def value(flag: str) -> str | None:
         return argv[argv.index(flag) + 1] if flag in argv else None
 
+    (joined,) = [s for s in record(launcher, "worker_2_nodes").steps if isinstance(s, RayStart)]
+    assert (joined.num_gpus, joined.num_cpus) == (start.num_gpus, start.num_cpus)
     assert (wait.nodes, wait.gpus) == (2, 2 * start.num_gpus)
     assert value("--actor-num-nodes") == str(wait.nodes)
     if start.num_gpus:
