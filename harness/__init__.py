@@ -1,17 +1,21 @@
 """The launcher harness: typed steps, the launch context, hardware and platform rules, the CLI.
 
-A launcher imports what it needs from here; see ``launchers/cpu/run_tiny_qwen3_lora.py``.
+A launcher imports what it needs from here; see docs/adding-a-launcher.md.
 """
 
+from harness.cluster_shape import CLUSTER_FLAGS, ClusterShape
 from harness.context import LaunchContext, Plan, build_plan
 from harness.errors import LaunchError
-from harness.launcher import Launcher, LauncherArgs, arg, multi_node_recordings
-from harness.ray_job import execute_train, flags, join_cluster, wandb_flags
+from harness.launcher import Launcher, LauncherArgs, arg, flags, multi_node_recordings
+from harness.ray_job import execute_train, join_cluster, wandb_flags
+from harness.recipe import launcher_args, recipe_launcher
 from harness.slurm import write_batch_script
 from harness.steps import ClaimRun, HubDownload, RayJobSubmit, RayStart, RayStop, Shell, Step
 
 __all__ = [
+    "CLUSTER_FLAGS",
     "ClaimRun",
+    "ClusterShape",
     "HubDownload",
     "LaunchContext",
     "LaunchError",
@@ -28,7 +32,9 @@ __all__ = [
     "execute_train",
     "flags",
     "join_cluster",
+    "launcher_args",
     "multi_node_recordings",
+    "recipe_launcher",
     "wandb_flags",
     "write_batch_script",
 ]

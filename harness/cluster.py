@@ -17,7 +17,9 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 
+from command_line import run_command
 from harness.private_files import NotPrivate, check_private_file
 
 _POLL_S = 2.0
@@ -96,15 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     head.add_argument("--token-file", required=True)
     head.add_argument("--timeout", type=float, required=True)
     options = parser.parse_args(argv)
-    try:
-        if options.command == "wait":
-            wait_cluster(options.address, options.nodes, options.gpus, options.timeout)
-        else:
-            wait_head(options.address, options.token_file, options.timeout)
-    except NotReady as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    if options.command == "wait":
+        action = partial(
+            wait_cluster, options.address, options.nodes, options.gpus, options.timeout
+        )
+    else:
+        action = partial(wait_head, options.address, options.token_file, options.timeout)
+    return run_command(parser.prog, action, NotReady, status=1)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.cluster_shape import ClusterShape
 from harness.errors import LaunchError
 from harness.hardware import Hardware, get_hardware, match_hardware
 from harness.host import HostView, record_host
@@ -69,9 +70,23 @@ class LaunchContext:
         self.hardware = get_hardware(name)
         return self.hardware
 
+    def cluster(self, args: LauncherArgs) -> ClusterShape:
+        """The cluster `args` ask for: their hardware (`resolve_hardware`), its GPUs per node
+        (`gpus_per_node`), their node count, and the CPUs and training ranks of each node
+        (`LauncherArgs.cpus_per_node`, `LauncherArgs.ranks_per_node`)."""
+        hardware = self.resolve_hardware(args.hardware)
+        gpus = self.gpus_per_node(hardware, args.num_gpus_per_node)
+        ranks = gpus if args.ranks_per_node is None else args.ranks_per_node
+        if ranks < 1:
+            raise TypeError(
+                f"{self.launcher.module}: on {hardware.name} its args name the training ranks "
+                "per node (LauncherArgs.ranks_per_node)"
+            )
+        return ClusterShape(hardware, args.num_nodes, gpus, args.cpus_per_node, ranks)
+
     def gpus_per_node(self, hardware: Hardware, override: int | None) -> int:
         """`override`, else the count of visible devices on a live host, else the hardware's."""
-        if not hardware.gpus_per_node:
+        if hardware.device == "cpu":
             if override is not None:
                 raise LaunchError(f"{hardware.name} has no GPU; drop --num-gpus-per-node")
             return 0

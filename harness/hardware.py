@@ -23,8 +23,14 @@ class Hardware:
     def platform(self) -> Literal["rocm", "cuda", "cpu"]:
         return {"amd": "rocm", "nvidia": "cuda", "cpu": "cpu"}[self.vendor]  # type: ignore[return-value]
 
+    @property
+    def device(self) -> Literal["cpu", "cuda"]:
+        """The device a training rank computes on: ``cpu`` without GPUs, else ``cuda`` (ROCm's
+        torch calls its GPUs cuda too)."""
+        return "cuda" if self.gpus_per_node else "cpu"
+
     def describe(self) -> str:
-        if not self.gpus_per_node:
+        if self.device == "cpu":
             return f"{self.name} (no GPU)"
         return (
             f"{self.name} ({self.vendor} {self.arch}, {self.gpus_per_node} GPUs per node, "

@@ -1,8 +1,9 @@
-"""What a launcher file declares: its arguments (a dataclass) and its entrypoints.
+"""What a launcher declares: its arguments (a dataclass), its entrypoints, its identity.
 
-A launcher module defines a frozen dataclass deriving from `LauncherArgs`, entrypoint functions
-``def name(ctx: LaunchContext, args: Args) -> None`` that emit steps, and one module-level
-``LAUNCHER = Launcher(...)``; see ``launchers/cpu/run_tiny_qwen3_lora.py``.
+A launcher's arguments are a frozen dataclass deriving from `LauncherArgs`; its entrypoints are
+functions ``def name(ctx: LaunchContext, args: Args) -> None`` that emit steps; its module
+declares ``LAUNCHER = Launcher(__name__, ...)``, or has a recipe's factory build it
+(`harness.recipe`). See docs/adding-a-launcher.md.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import shlex
 import sys
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import KW_ONLY, dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
 
@@ -41,6 +42,24 @@ def arg(default: Any, help: str, *, path: bool = False) -> Any:
 def flag(name: str) -> str:
     """The command-line spelling of a field name: ``lora_rank`` -> ``--lora-rank``."""
     return "--" + name.replace("_", "-")
+
+
+def flags(**values: Any) -> list[str]:
+    """train.py flags from keyword arguments, in order.
+
+    ``lora_rank=64`` gives ``--lora-rank 64``; True gives a bare flag, False and None nothing;
+    a tuple or list gives one flag followed by several values.
+    """
+    argv: list[str] = []
+    for name, value in values.items():
+        if value is None or value is False:
+            continue
+        argv.append(flag(name))
+        if isinstance(value, (tuple, list)):
+            argv += [str(v) for v in value]
+        elif value is not True:
+            argv.append(str(value))
+    return argv
 
 
 @dataclass(frozen=True)
@@ -114,6 +133,18 @@ class LauncherArgs:
         _ = self.extra_env_vars, self.extra_argv
 
     @property
+    def cpus_per_node(self) -> int | None:
+        """CPUs each Ray node offers (``ray start --num-cpus``); None: Ray counts the node's.
+        A launcher with an option for it returns that option."""
+        return None
+
+    @property
+    def ranks_per_node(self) -> int | None:
+        """Training ranks on each node; None: one per GPU. A launcher for nodes without a GPU
+        returns its option for it."""
+        return None
+
+    @property
     def extra_env_vars(self) -> dict[str, str]:
         """`extra_env` as a mapping; a value may contain commas (``A=x,y,B=z``)."""
         env: dict[str, str] = {}
@@ -143,24 +174,35 @@ def _is_utf8(text: str) -> bool:
 
 @dataclass(frozen=True)
 class Launcher:
-    """The declaration at the end of a launcher module.
+    """The declaration of a launcher: ``LAUNCHER = Launcher(__name__, ...)`` in its module, or
+    ``LAUNCHER = recipe.launcher(__name__, ...)`` where a recipe's factory builds it.
 
-    `recorded_hardware` is what the snapshot represents (`auto` resolves to it when recording);
-    the supported hardware is the ``Literal`` of the args' `hardware` field, minus ``auto``.
-    `module` is the module that declares the launcher (its identity and snapshot folder), not
-    the one its entrypoints come from; it defaults to the caller's module.
+    `module` is the declaring module's ``__name__``: the launcher's identity (its runs' tag,
+    its snapshot folder, the module its Slurm script runs), whichever module its entrypoints
+    come from; ``__main__`` (under ``python -m``) stands for the module's real name, and its
+    docstring gives the command line's summary. `recorded_hardware` is what the snapshots
+    represent (`auto` resolves to it when recording); the supported hardware is the
+    ``Literal`` of the args' `hardware` field, minus ``auto``. `evidence` says what has shown
+    that the launcher works: its cell of the support matrix (`harness.support_matrix`).
     """
 
+    module: str
+    _: KW_ONLY
     args: type[LauncherArgs]
     entrypoints: tuple[Entrypoint, ...]
     recorded_hardware: str
-    module: str = ""
-    doc: str = field(default="", compare=False, repr=False)
+    evidence: str = ""
     # The hermetic recordings (snapshots): name -> (entrypoint, option values). Default: one
     # per entrypoint with default options.
     recordings: Mapping[str, tuple[str, Mapping[str, Any]]] = field(default_factory=dict)
+    doc: str = field(init=False, default="", compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        declared = sys.modules.get(self.module)
+        spec = getattr(declared, "__spec__", None)
+        if self.module == "__main__" and spec is not None:
+            object.__setattr__(self, "module", spec.name)
+        object.__setattr__(self, "doc", getattr(declared, "__doc__", None) or "")
         object.__setattr__(self, "entrypoints", tuple(self.entrypoints))
         if not self.recordings:
             defaults = {fn.__name__: (fn.__name__, {}) for fn in self.entrypoints}
@@ -168,11 +210,6 @@ class Launcher:
         unknown = {e for e, _ in self.recordings.values()} - {f.__name__ for f in self.entrypoints}
         if unknown:
             raise TypeError(f"recordings name unknown entrypoints: {sorted(unknown)}")
-        if not self.module:
-            caller = sys._getframe(2).f_globals  # __post_init__ <- __init__ <- the declaration
-            spec = caller.get("__spec__")  # its real name also under ``python -m``
-            object.__setattr__(self, "module", spec.name if spec else caller["__name__"])
-            object.__setattr__(self, "doc", caller.get("__doc__") or "")
         if not self.entrypoints:
             raise TypeError("a launcher needs at least one entrypoint")
         if len(set(self.entrypoint_names)) != len(self.entrypoints):

@@ -35,9 +35,11 @@ import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import psutil
 
+from command_line import run_command
 from harness.gpu_processes import GpuMap, gpu_processes
 from harness.private_files import (
     NotPrivate,
@@ -343,15 +345,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     release_parser = commands.add_parser("release", help="stop this run's processes")
     release_parser.add_argument("--tag", type=RunTag.parse, required=True)
     options = parser.parse_args(argv)
-    try:
-        if options.command == "claim":
-            claim(options.tag, options.port, options.token_path, owner=os.getppid())
-        else:
-            release(options.tag)
-    except Refused as err:
-        print(f"{parser.prog}: refused: {err}", file=sys.stderr)
-        return 1
-    return 0
+    if options.command == "claim":
+        action = partial(claim, options.tag, options.port, options.token_path, owner=os.getppid())
+    else:
+        action = partial(release, options.tag)
+    return run_command(parser.prog, action, Refused, status=1, label="refused")
 
 
 if __name__ == "__main__":

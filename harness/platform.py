@@ -1,6 +1,6 @@
 """Platform rules: the environment Ray and the training job need on each vendor's GPUs.
 
-The ROCm rules of the AMD launchers live here and only here (DESIGN.md section 2):
+The ROCm rules of the AMD launchers live here and only here (docs/live-mode.md tells users):
 
 - ``RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES`` and ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``
   default to 1, so Ray does not rewrite the device visibility the caller chose;

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harness.cluster_shape import ClusterShape, TrainArgv
 from harness.context import LaunchContext
 from harness.errors import LaunchError
 from harness.hardware import Hardware
-from harness.launcher import LauncherArgs, flag
+from harness.launcher import LauncherArgs, flags
 from harness.platform import platform_env
 from harness.run_tag import RunTag
 from harness.secrets import is_secret
@@ -42,24 +43,6 @@ LOCALHOST = "127.0.0.1"
 WORKING_DIR_EXCLUDES = (".git", ".venv")
 
 
-def flags(**values: Any) -> list[str]:
-    """train.py flags from keyword arguments, in order.
-
-    ``lora_rank=64`` gives ``--lora-rank 64``; True gives a bare flag, False and None nothing;
-    a tuple or list gives one flag followed by several values.
-    """
-    argv: list[str] = []
-    for name, value in values.items():
-        if value is None or value is False:
-            continue
-        argv.append(flag(name))
-        if isinstance(value, (tuple, list)):
-            argv += [str(v) for v in value]
-        elif value is not True:
-            argv.append(str(value))
-    return argv
-
-
 def wandb_flags(ctx: LaunchContext, args: LauncherArgs) -> list[str]:
     """Wandb flags when wandb will log: offline mode, or online with WANDB_API_KEY set.
 
@@ -82,11 +65,8 @@ def wandb_flags(ctx: LaunchContext, args: LauncherArgs) -> list[str]:
 def execute_train(
     ctx: LaunchContext,
     args: LauncherArgs,
-    train_argv: Sequence[str],
+    train_argv: TrainArgv,
     *,
-    hardware: Hardware,
-    num_gpus_per_node: int,
-    num_cpus: int | None = None,
     job_env: Mapping[str, str] | None = None,
     stop_ray: bool = False,
 ) -> None:
@@ -101,59 +81,32 @@ def execute_train(
     joined every other node. With an address the job goes to that cluster and no process here
     is started or stopped.
 
+    The cluster (`LaunchContext.cluster`) is resolved here, once: the ``ray start``, the wait
+    for its nodes and train.py's placement flags, which `train_argv` places with
+    `CLUSTER_FLAGS`, all derive from it.
+
     Secret variables (`harness.secrets`) of the job's environment go, on a Ray of this run's
     own, into a private file beside its token that the runtime env names (`trainer.job_env`):
     Ray logs a runtime env's variables in clear text. A cluster given by address gets them as
     variables.
     """
-    host_env = ctx.host.env
-    address = args.ray_address or host_env.get("RAY_ADDRESS") or None
+    cluster = ctx.cluster(args)
+    address = args.ray_address or ctx.host.env.get("RAY_ADDRESS") or None
     own_cluster = address is None
-    several = args.num_nodes > 1
+    several = cluster.nodes > 1
     if address and not args.ray_address:
         ctx.note(f"RAY_ADDRESS is set: submitting to {address}; no Ray is started or stopped")
-    platform = platform_env(hardware, host_env)
-    tag = run_tag(ctx, args, hardware)
-    checkout = ctx.host.checkout
+    platform = platform_env(cluster.hardware, ctx.host.env)
+    tag = run_tag(ctx, args, cluster.hardware)
     token_path = cluster_token_path(args) if several else tag.token_path
-
     if own_cluster:
-        ports = (args.ray_port, args.dashboard_port, args.agent_port, args.client_server_port)
-        ctx.emit(ClaimRun(str(tag), checkout, ports=ports, token_path=token_path))
-        ctx.emit(
-            RayStart(
-                node_ip_address=None if several else LOCALHOST,
-                port=args.ray_port,
-                num_gpus=num_gpus_per_node,
-                num_cpus=num_cpus,
-                dashboard_port=args.dashboard_port,
-                env={**platform, "PYTHONUNBUFFERED": "1"},
-                tag=str(tag),
-                token_path=token_path,
-                agent_port=args.agent_port,
-                client_server_port=args.client_server_port,
-            )
-        )
-        if several:
-            gcs = f"{LOCALHOST}:{args.ray_port}"
-            gpus = args.num_nodes * num_gpus_per_node
-            timeout = args.cluster_timeout
-            ctx.emit(WaitForCluster(gcs, args.num_nodes, gpus, timeout, token_path, checkout))
+        _start_head(ctx, args, cluster, str(tag), token_path, platform)
 
-    argv = [*train_argv, *args.extra_argv]
-    env_vars = {
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": _join_unique(":", checkout, host_env.get("PYTHONPATH", "")),
-        # Only a single-node cluster of this node's own is known to be here.
-        **({"MASTER_ADDR": LOCALHOST} if own_cluster and not several else {}),
-        "no_proxy": _join_unique(",", LOCALHOST, "localhost", host_env.get("no_proxy", "")),
-        **{name: host_env[name] for name in FORWARDED_ENV if name in host_env},
-        **platform,
-    }
-    if "--use-wandb" in argv and host_env.get("WANDB_API_KEY"):
-        env_vars["WANDB_API_KEY"] = host_env["WANDB_API_KEY"]
-    env_vars.update(job_env or {})
-    env_vars.update(args.extra_env_vars)
+    argv = [*cluster.fill(train_argv), *args.extra_argv]
+    # Only a single-node cluster of this node's own is known to be here.
+    local = own_cluster and not several
+    env_vars = _job_env_vars(ctx, args, argv, platform, job_env or {}, local_head=local)
+    checkout = ctx.host.checkout
     runtime_env: dict[str, Any] = {"working_dir": checkout, "excludes": list(WORKING_DIR_EXCLUDES)}
     secret_env = {}
     if own_cluster:  # secrets go to a private file, since Ray logs a runtime env's variables
@@ -170,14 +123,69 @@ def execute_train(
         ctx.emit(RayStop(str(tag), checkout))
 
 
-def join_cluster(
+def _start_head(
     ctx: LaunchContext,
     args: LauncherArgs,
-    *,
-    hardware: Hardware,
-    num_gpus_per_node: int,
-    num_cpus: int | None = None,
+    cluster: ClusterShape,
+    tag: str,
+    token_path: str,
+    platform: Mapping[str, str],
 ) -> None:
+    """Emit the claim of this node, the ``ray start`` of its head and, with several nodes, the
+    wait until the cluster has them all."""
+    checkout = ctx.host.checkout
+    several = cluster.nodes > 1
+    ports = (args.ray_port, args.dashboard_port, args.agent_port, args.client_server_port)
+    ctx.emit(ClaimRun(tag, checkout, ports=ports, token_path=token_path))
+    ctx.emit(
+        RayStart(
+            node_ip_address=None if several else LOCALHOST,
+            port=args.ray_port,
+            num_gpus=cluster.gpus_per_node,
+            num_cpus=cluster.cpus_per_node,
+            dashboard_port=args.dashboard_port,
+            env={**platform, "PYTHONUNBUFFERED": "1"},
+            tag=tag,
+            token_path=token_path,
+            agent_port=args.agent_port,
+            client_server_port=args.client_server_port,
+        )
+    )
+    if several:
+        gcs = f"{LOCALHOST}:{args.ray_port}"
+        timeout = args.cluster_timeout
+        ctx.emit(WaitForCluster(gcs, cluster.nodes, cluster.gpus, timeout, token_path, checkout))
+
+
+def _job_env_vars(
+    ctx: LaunchContext,
+    args: LauncherArgs,
+    argv: Sequence[str],
+    platform: Mapping[str, str],
+    job_env: Mapping[str, str],
+    *,
+    local_head: bool,
+) -> dict[str, str]:
+    """The job's environment, secrets included: the checkout on PYTHONPATH, the forwarded host
+    variables, the platform's, the wandb key where wandb logs, then the recipe's `job_env`
+    and the user's ``--extra-env`` (each wins over what comes before it)."""
+    host_env = ctx.host.env
+    env_vars = {
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": _join_unique(":", ctx.host.checkout, host_env.get("PYTHONPATH", "")),
+        **({"MASTER_ADDR": LOCALHOST} if local_head else {}),
+        "no_proxy": _join_unique(",", LOCALHOST, "localhost", host_env.get("no_proxy", "")),
+        **{name: host_env[name] for name in FORWARDED_ENV if name in host_env},
+        **platform,
+    }
+    if "--use-wandb" in argv and host_env.get("WANDB_API_KEY"):
+        env_vars["WANDB_API_KEY"] = host_env["WANDB_API_KEY"]
+    env_vars.update(job_env)
+    env_vars.update(args.extra_env_vars)
+    return env_vars
+
+
+def join_cluster(ctx: LaunchContext, args: LauncherArgs) -> None:
     """Emit what a worker node runs: wait for the head, then ``ray start --address HEAD``.
 
     The worker gets the same platform environment as the head (the ROCm rules included), runs
@@ -190,6 +198,8 @@ def join_cluster(
         raise LaunchError("worker needs --head-address (the head node), or a Slurm allocation")
     if args.ray_address or ctx.host.env.get("RAY_ADDRESS"):
         raise LaunchError("worker starts a node of a new cluster; drop --ray-address/RAY_ADDRESS")
+    cluster = ctx.cluster(args)
+    hardware = cluster.hardware
     tag = str(run_tag(ctx, args, hardware, role="worker"))
     checkout = ctx.host.checkout
     head = f"{args.head_address}:{args.ray_port}"
@@ -199,10 +209,10 @@ def join_cluster(
     ctx.emit(
         RayStart(
             node_ip_address=None,
-            num_gpus=num_gpus_per_node,
+            num_gpus=cluster.gpus_per_node,
             head=False,
             head_address=head,
-            num_cpus=num_cpus,
+            num_cpus=cluster.cpus_per_node,
             env={**platform_env(hardware, ctx.host.env), "PYTHONUNBUFFERED": "1"},
             tag=tag,
             token_path=token_path,
@@ -221,7 +231,7 @@ def run_tag(ctx: LaunchContext, args: LauncherArgs, hardware: Hardware, role: st
     """This run's tag: the launcher's file in this checkout (with ``:worker`` on a worker
     node), the devices it asks for (``cpu``, ids, ``all``), and the run id. Another checkout's
     launcher is another launcher."""
-    if not hardware.gpus_per_node:
+    if hardware.device == "cpu":
         devices = "cpu"
     else:
         devices = ctx.host.visible_device_ids(hardware.vendor) or "all"

@@ -37,7 +37,7 @@ def option_argv(args: LauncherArgs) -> list[str]:
     return argv
 
 
-def batch_script(ctx: LaunchContext, args: LauncherArgs, *, gpus_per_node: int) -> str:
+def batch_script(ctx: LaunchContext, args: LauncherArgs, gpus_per_node: int) -> str:
     """The script; every value in it is quoted for the shell (shlex), and for sbatch's reading
     of ``#SBATCH`` lines, which takes shell quotes but ends at a newline and drops backslashes.
     """
@@ -74,9 +74,11 @@ def _check_directive_value(option: str, value: str) -> None:
         )
 
 
-def write_batch_script(ctx: LaunchContext, args: LauncherArgs, *, gpus_per_node: int) -> None:
-    """Emit the writing of ``<output-dir>/<run-id>/sbatch.sh`` (submit it with ``sbatch``)."""
+def write_batch_script(ctx: LaunchContext, args: LauncherArgs) -> None:
+    """Emit the writing of ``<output-dir>/<run-id>/sbatch.sh`` (submit it with ``sbatch``),
+    which asks Slurm for each node's GPUs of the cluster (`LaunchContext.cluster`)."""
     path = f"{args.output_dir}/{args.run_id}/sbatch.sh"
-    ctx.emit(WriteFile(path, batch_script(ctx, args, gpus_per_node=gpus_per_node), 0o755))
+    script = batch_script(ctx, args, ctx.cluster(args).gpus_per_node)
+    ctx.emit(WriteFile(path, script, 0o755))
     if not ctx.dry_run:
         ctx.note(f"submit it with: sbatch {shlex.quote(path)}")

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 SNAPSHOT_ROOT = Path(CHECKOUT) / "tests" / "snapshots"
 SUFFIX = ".txt"
+# Writes the snapshots of the selected launchers (-k PATH), in the checkout's root.
+UPDATE_COMMAND = "pytest tests/test_snapshots.py --snapshot-update"
 
 
 def snapshot_path(name: str, root: Path = SNAPSHOT_ROOT) -> Path:
@@ -37,10 +39,10 @@ def missing_snapshot(name: str, root: Path = SNAPSHOT_ROOT) -> str | None:
     if path.is_file():
         return None
     shown = path.relative_to(CHECKOUT) if path.is_relative_to(CHECKOUT) else path
+    launcher = name.rpartition("/")[0]
     return (
         f"no snapshot {shown} for {name}: record it with "
-        "`PYTHONPATH=$PWD python -m pytest tests/test_snapshots.py --snapshot-update` "
-        "and review the new file"
+        f"`{UPDATE_COMMAND} -k {launcher}` and review the new file"
     )
 
 

@@ -3,8 +3,8 @@
 One row per launcher. The model, platform and backends come from the launcher itself: the
 model it downloads (else its ``--hf-checkpoint`` directory), the hardware its ``hardware`` field
 accepts, and the backends of the ``train.py`` argv it records, as ``train.py``'s own parser
-resolves them. Only the evidence is declared here, in `EVIDENCE`; a launcher without an entry
-fails the test suite.
+resolves them. The evidence is what the launcher's declaration says (`Launcher.evidence`); a
+launcher without it fails the test suite.
 
     python -m harness.support_matrix            print the table
     python -m harness.support_matrix --write    rewrite it in docs/lora.md
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -28,32 +28,6 @@ from harness.steps import HubDownload, train_py_argv
 DOC = Path(CHECKOUT) / "docs" / "lora.md"
 BEGIN = "<!-- support-matrix:begin (python -m harness.support_matrix --write; do not edit) -->"
 END = "<!-- support-matrix:end -->"
-
-# What has shown each launcher works, by launcher module. Keep it to facts with a source.
-EVIDENCE: Mapping[str, str] = {
-    "launchers.amd.run_qwen3_4b_lora": (
-        "upstream run of this recipe (seed PR #3183): 100 steps on 8x MI355X, ROCm 7.2, "
-        "rollout/train log-prob abs diff 0.0123 (threshold 0.03), AIME-2024 avg@16 "
-        "0.5625 -> 0.6833 at best (30 problems: weak); here: snapshots, argv contract; its "
-        "SGLang backends (Triton attention and LoRA) ran on 1x H200 in the CUDA launcher's "
-        "shortened job (next row); the `rocm_gpu` live tests have not run on MI355X yet"
-    ),
-    "launchers.run_qwen3_4b_lora": (
-        "snapshots, argv contract; its live `train`, shortened to 1x H200 (0.6B Qwen3-shaped "
-        "model, SGLang 0.5.17 with Triton attention and LoRA, PyTorch + PEFT in place of "
-        "Megatron-Bridge, colocated): 12 rollouts, rollout/train log-prob abs diff 0.0073 "
-        "mean, the engine's log-probs match the trainer's after every update (max 0.0197), "
-        "6.3 s/step (`cuda_gpu` test, 2026-12-03); FlashInfer/csgmv and Megatron-Bridge not "
-        "yet run"
-    ),
-    "launchers.cpu.run_tiny_qwen3_lora": (
-        "snapshots, argv contract; the default test suite runs the job live on 2 CPU cores "
-        "(the README's command: reward first-5 0.091 -> last-5 0.459, 2026-12-03); the same "
-        "recipe on 1x H200 in bf16 (`cuda_gpu` test, before issue 12's miles defaults): "
-        "0.128 -> 0.562, 0.36 s/step"
-    ),
-}
-
 
 _PLATFORMS = {"amd": "ROCm", "nvidia": "CUDA"}
 _HEADER = (
@@ -93,9 +67,9 @@ def row(launcher: Launcher) -> str:
             f" (attention `{args.sglang.sglang_attention_backend or 'default'}`, "
             f"LoRA `{args.sglang.sglang_lora_backend or 'default'}`)"
         )
-    evidence = EVIDENCE.get(launcher.module)
-    if evidence is None:
-        raise MatrixError(f"{launcher.module} declares no evidence in harness.support_matrix")
+    evidence = launcher.evidence.strip()
+    if not evidence:
+        raise MatrixError(f"{launcher.module} declares no evidence (evidence= on its LAUNCHER)")
     link = f"[`{launcher.path}.py`](../{launcher.path}.py)"
     cells = (model, platform, training, rollout, evidence, link)
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
@@ -114,8 +88,6 @@ def build_table(launchers: Iterable[Launcher] | None = None) -> str:
         from harness.discovery import discover_launchers
 
         launchers = discover_launchers()
-    if stale := set(EVIDENCE) - {launcher.module for launcher in launchers}:
-        raise MatrixError(f"evidence declared for no launcher: {', '.join(sorted(stale))}")
     return "\n".join([_HEADER, *(row(launcher) for launcher in launchers)])
 
 

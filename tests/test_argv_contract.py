@@ -9,7 +9,6 @@ from typing import Literal
 import pytest
 
 from harness import LaunchContext, Launcher, LauncherArgs, LaunchError, RayJobSubmit, build_plan
-from harness.context import check_train_argv
 from harness.discovery import discover_launchers
 
 LAUNCHERS = discover_launchers()
@@ -44,11 +43,12 @@ def variant_args(launcher: Launcher, variant: str) -> LauncherArgs:
     ids=[f"{lau.path}:{name}:{variant}" for lau, name, variant in CASES],
 )
 def test_every_train_argv_parses(launcher, entrypoint, variant):
-    plan = build_plan(launcher, entrypoint, variant_args(launcher, variant))
+    """`build_plan` holds every train.py argv to train.py's own parser (`check_train_argv`,
+    which the tests below show failing)."""
     try:
-        check_train_argv(plan.steps, f"{launcher.path} {entrypoint} ({variant})")
+        build_plan(launcher, entrypoint, variant_args(launcher, variant))
     except LaunchError as err:
-        pytest.fail(str(err))
+        pytest.fail(f"{launcher.path} {entrypoint} ({variant}): {err}")
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def submit(ctx: LaunchContext, args: RenamedFlagArgs) -> None:
     ctx.emit(RayJobSubmit("http://127.0.0.1:8265", argv))
 
 
-LAUNCHER = Launcher(args=RenamedFlagArgs, entrypoints=(submit,), recorded_hardware="CPU")
+LAUNCHER = Launcher(__name__, args=RenamedFlagArgs, entrypoints=(submit,), recorded_hardware="CPU")
 
 
 def test_a_flag_train_py_does_not_know_fails_the_plan_naming_it():

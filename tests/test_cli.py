@@ -320,6 +320,7 @@ NO_GPU = "CPU has no GPU; drop --num-gpus-per-node"
         (["train", "--seed", "-1"], "--seed must be in [0, 4294967295] (got -1)"),
         (["train", "--ray-num-cpus=-1"], "--ray-num-cpus must be >= 1 (got -1)"),
         (["worker", "--head-address", "h", "--ray-num-cpus", "0"], "--ray-num-cpus must be >= 1"),
+        (["train", "--actor-ranks", "0"], "--actor-ranks must be >= 1 (got 0)"),
         (
             ["train", "--output-dir", "/o/x\udcff"],
             "--output-dir holds a byte that is not UTF-8 (/o/x\\xff)",

@@ -31,7 +31,7 @@ LAUNCHER = '''
 from harness import Launcher
 from {package}.common import Args, train
 
-LAUNCHER = Launcher(args=Args, entrypoints=(train,), recorded_hardware="CPU")
+LAUNCHER = Launcher(__name__, args=Args, entrypoints=(train,), recorded_hardware="CPU")
 '''
 
 

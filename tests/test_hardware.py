@@ -76,7 +76,7 @@ def emit_stop(ctx: LaunchContext, args: AmdArgs) -> None:
     ctx.emit(RayStop("launchers.x@cpu/r", "/c"))
 
 
-LAUNCHER = Launcher(args=AmdArgs, entrypoints=(emit_stop,), recorded_hardware="MI355X")
+LAUNCHER = Launcher(__name__, args=AmdArgs, entrypoints=(emit_stop,), recorded_hardware="MI355X")
 
 
 def host(detected: str | None = None, probe: bool = True, **env: str) -> HostView:
@@ -94,7 +94,7 @@ def test_launcher_supports_its_literal_choices():
     assert LAUNCHER.supported_hardware == ("MI350X", "MI355X")
     assert LAUNCHER.module == __name__
     with pytest.raises(TypeError, match="not among the supported"):
-        Launcher(args=AmdArgs, entrypoints=(emit_stop,), recorded_hardware="H200")
+        Launcher(__name__, args=AmdArgs, entrypoints=(emit_stop,), recorded_hardware="H200")
 
 
 def test_auto_on_the_record_host_is_the_recorded_hardware_without_probing():

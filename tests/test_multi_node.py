@@ -11,9 +11,18 @@ import pytest
 from harness import ownership
 from harness.cli import run
 from harness.context import Plan, first_node
+from harness.discovery import discover_launchers
 from harness.host import CHECKOUT, HostView
+from harness.record import record
 from harness.run_tag import RunTag
-from harness.steps import ClaimRun, RayJobSubmit, RayStart, WaitForCluster, WaitForHead
+from harness.steps import (
+    ClaimRun,
+    RayJobSubmit,
+    RayStart,
+    WaitForCluster,
+    WaitForHead,
+    train_py_argv,
+)
 from launchers.amd.run_qwen3_4b_lora import LAUNCHER as AMD
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
 from tests.private_ray import free_port
@@ -59,6 +68,33 @@ def test_in_a_slurm_allocation_the_head_waits_for_every_node():
     assert [type(s) for s in steps] == [ClaimRun, WaitForHead, RayStart]  # --block: SIGTERM ends it
     assert steps[1].address == "mi10:6379" and steps[2].head_address == "mi10:6379"
     assert steps[2].env["RAY_EXPERIMENTAL_NOSET_HIP_VISIBLE_DEVICES"] == "1"  # ROCm rules
+
+
+MULTI_NODE = [lau for lau in discover_launchers() if "train_2_nodes" in lau.recordings]
+
+
+@pytest.mark.parametrize("launcher", MULTI_NODE, ids=[lau.path for lau in MULTI_NODE])
+def test_train_places_its_ranks_on_the_cluster_it_starts_and_waits_for(launcher):
+    """The cluster is said once: train.py's placement flags name the nodes the head waits for
+    and the GPUs each node (head or worker) gives Ray (the CPU launcher used to wait for 2
+    nodes, then train on 1)."""
+    steps = record(launcher, "train_2_nodes").steps
+    (start,) = [s for s in steps if isinstance(s, RayStart)]
+    (wait,) = [s for s in steps if isinstance(s, WaitForCluster)]
+    (argv,) = [a for a in map(train_py_argv, steps) if a is not None]
+
+    def value(flag: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv else None
+
+    (joined,) = [s for s in record(launcher, "worker_2_nodes").steps if isinstance(s, RayStart)]
+    assert (joined.num_gpus, joined.num_cpus) == (start.num_gpus, start.num_cpus)
+    assert (wait.nodes, wait.gpus) == (2, 2 * start.num_gpus)
+    assert value("--actor-num-nodes") == str(wait.nodes)
+    if start.num_gpus:
+        assert value("--actor-num-gpus-per-node") == value("--num-gpus-per-node")
+        assert value("--num-gpus-per-node") == str(start.num_gpus)
+    else:
+        assert value("--device") == "cpu" and value("--num-gpus-per-node") is None
 
 
 def test_a_worker_that_cannot_reach_the_head_ends_in_one_line_within_its_timeout(tmp_path):

@@ -1,4 +1,4 @@
-"""The ROCm rules of DESIGN.md section 2, and where they reach the launch."""
+"""The ROCm rules of harness.platform, and where they reach the launch."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def _rocm_removed(*steps: str) -> set[Change]:
 
 def _expected_train_changes(nodes: int = 1) -> set[Change]:
     flags = {
-        "--wandb-project": (amd.Args().wandb_project, cuda.Args().wandb_project),
+        "--wandb-project": (amd.LAUNCHER.args().wandb_project, cuda.LAUNCHER.args().wandb_project),
         "--sglang-lora-backend": (amd.SGLANG.lora, cuda.SGLANG.lora),
         "--sglang-attention-backend": (amd.SGLANG.attention, cuda.SGLANG.attention),
     }
@@ -115,7 +115,7 @@ def test_the_recipe_options_are_the_same() -> None:
             if f.name not in PLATFORM_FIELDS
         }
 
-    assert recipe_options(amd.Args) == recipe_options(cuda.Args)
+    assert recipe_options(amd.LAUNCHER.args) == recipe_options(cuda.LAUNCHER.args)
     assert amd.LAUNCHER.entrypoint_names == cuda.LAUNCHER.entrypoint_names
     assert (amd.LAUNCHER.recorded_hardware, cuda.LAUNCHER.recorded_hardware) == ("MI355X", "H200")
     assert cuda.LAUNCHER.supported_hardware == ("H100", "H200", "B200")

@@ -14,7 +14,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COPIED = ("harness", "launchers", "trainer", "tests", "conftest.py", "pyproject.toml", "train.py")
+COPIED = (
+    "harness",
+    "launchers",
+    "trainer",
+    "tests",
+    "conftest.py",
+    "pyproject.toml",
+    "train.py",
+    "command_line.py",
+)
 TESTS = ("tests/test_snapshots.py", "tests/test_record_isolation.py", "tests/test_cli.py")
 
 

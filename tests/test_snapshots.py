@@ -64,7 +64,7 @@ def test_a_missing_snapshot_names_its_file_and_the_fix(tmp_path):
     reason = missing_snapshot("launchers/new/run_x/train", tmp_path)
     assert reason is not None
     assert f"no snapshot {tmp_path}/launchers/new/run_x/train.txt" in reason
-    assert "pytest tests/test_snapshots.py --snapshot-update" in reason
+    assert "`pytest tests/test_snapshots.py --snapshot-update -k launchers/new/run_x`" in reason
 
 
 def test_orphan_detection(tmp_path):
@@ -104,6 +104,6 @@ def silent(ctx: LaunchContext, args: SilentArgs) -> None:
 
 
 def test_an_entrypoint_that_emits_no_step_fails():
-    launcher = Launcher(args=SilentArgs, entrypoints=(silent,), recorded_hardware="CPU")
+    launcher = Launcher(__name__, args=SilentArgs, entrypoints=(silent,), recorded_hardware="CPU")
     with pytest.raises(LaunchError, match="silent emitted no step"):
         build_plan(launcher, "silent")

@@ -1,6 +1,7 @@
 """The CPU recipe on a simulated 2-node Ray cluster: two Ray nodes of this host, started by the
 launcher's own `train --num-nodes 2` (the head) and `worker` (the other node), each with its
-own temp dir, ports and one CPU, so the two training ranks land one on each node."""
+own temp dir, ports and one CPU; with one training rank per node (``--actor-ranks 1``) the two
+ranks land one on each node."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
         log=tmp_path / "worker.log",
     )  # fmt: skip
     head = launcher(
-        "train", "--num-nodes", "2", "--actor-ranks", "2", "--num-rollout", "6",
+        "train", "--num-nodes", "2", "--actor-ranks", "1", "--num-rollout", "6",
         "--save-interval", "6", "--eval-interval", "6",
         "--dashboard-port", str(free_port()), "--agent-port", str(free_port()),
         "--client-server-port", str(free_port()), *common, log=tmp_path / "head.log",

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
+from command_line import run_command
 from wheelhouse.batches import WheelhouseError
 
 _DESCRIPTION = """\
@@ -164,12 +166,9 @@ def run_install(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     handlers = {"inventory": run_inventory, "build": run_build, "install": run_install}
-    try:
-        handlers[args.command](args)
-    except WheelhouseError as err:
-        print(f"wheelhouse: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command(
+        "wheelhouse", partial(handlers[args.command], args), WheelhouseError, status=2
+    )
 
 
 if __name__ == "__main__":

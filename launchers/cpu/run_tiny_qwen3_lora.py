@@ -3,7 +3,8 @@
 The portable end-to-end check of the whole chain: `prepare` builds a tiny random Qwen3 model and
 a tiny task locally (no download), `train` starts a local Ray head, submits the real GRPO LoRA
 job and stops Ray again. Rerunning `train` with the same --run-id resumes from its checkpoint.
-Copy this file to start a new launcher.
+A recipe and its launcher in one file: copy it to start a launcher for a new model
+(docs/adding-a-launcher.md).
 
     python -m launchers.cpu.run_tiny_qwen3_lora full-train --run-id demo
 """
@@ -14,18 +15,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from harness import (
+    CLUSTER_FLAGS,
     LaunchContext,
-    Launcher,
     LauncherArgs,
     LaunchError,
     Shell,
     arg,
     execute_train,
     flags,
-    join_cluster,
-    multi_node_recordings,
+    recipe_launcher,
     wandb_flags,
-    write_batch_script,
 )
 from harness.cli import main
 from trainer.arguments import MAX_SEED
@@ -39,8 +38,8 @@ class Args(LauncherArgs):
     )
     wandb_project: str = arg("tiny-qwen3-lora-cpu", "wandb project")
     seed: int = arg(0, "seed of the tiny model, its task and training")
-    ray_num_cpus: int = arg(2, "CPUs of the local Ray head")
-    actor_ranks: int = arg(1, "training ranks (Ray actors)")
+    ray_num_cpus: int = arg(2, "CPUs of each Ray node")
+    actor_ranks: int = arg(1, "training ranks (Ray actors) on each node")
 
     lora_rank: int = arg(8, "LoRA rank")
     lora_alpha: int = arg(16, "LoRA alpha")
@@ -60,6 +59,16 @@ class Args(LauncherArgs):
             raise LaunchError(f"--seed must be in [0, {MAX_SEED}] (got {self.seed})")
         if self.ray_num_cpus < 1:
             raise LaunchError(f"--ray-num-cpus must be >= 1 (got {self.ray_num_cpus})")
+        if self.actor_ranks < 1:
+            raise LaunchError(f"--actor-ranks must be >= 1 (got {self.actor_ranks})")
+
+    @property
+    def cpus_per_node(self) -> int:
+        return self.ray_num_cpus
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.actor_ranks
 
 
 def prepare(ctx: LaunchContext, args: Args) -> None:
@@ -74,7 +83,6 @@ def prepare(ctx: LaunchContext, args: Args) -> None:
 
 def train(ctx: LaunchContext, args: Args) -> None:
     """Train on a local Ray head with the tiny model and task already built; stop Ray after."""
-    hardware = ctx.resolve_hardware(args.hardware)
     data = f"{args.data_dir}/tiny-task"
     checkpoints = f"{args.output_dir}/{args.run_id}/checkpoints"
     argv = [
@@ -110,50 +118,25 @@ def train(ctx: LaunchContext, args: Args) -> None:
         *flags(optimizer="adam", lr=args.lr, lr_decay_style="constant"),
         *flags(advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=0.28),
         *wandb_flags(ctx, args),
-        *flags(
-            train_backend="torch",
-            rollout_backend="hf",
-            device="cpu",
-            actor_num_nodes=1,
-            actor_num_gpus_per_node=args.actor_ranks,
-            colocate=True,
-        ),
+        *flags(train_backend="torch", rollout_backend="hf"),
+        CLUSTER_FLAGS,
+        *flags(colocate=True),
     ]
-    execute_train(
-        ctx,
-        args,
-        argv,
-        hardware=hardware,
-        num_gpus_per_node=ctx.gpus_per_node(hardware, args.num_gpus_per_node),
-        num_cpus=args.ray_num_cpus,
-        stop_ray=True,
-    )
+    execute_train(ctx, args, argv, stop_ray=True)
 
 
-def full_train(ctx: LaunchContext, args: Args) -> None:
-    """Build the tiny model and task, then train."""
-    prepare(ctx, args)
-    train(ctx, args)
-
-
-def worker(ctx: LaunchContext, args: Args) -> None:
-    """Join this node to the cluster of the head (--head-address) running `train --num-nodes`."""
-    hardware = ctx.resolve_hardware(args.hardware)
-    gpus = ctx.gpus_per_node(hardware, args.num_gpus_per_node)
-    join_cluster(ctx, args, hardware=hardware, num_gpus_per_node=gpus, num_cpus=args.ray_num_cpus)
-
-
-def sbatch(ctx: LaunchContext, args: Args) -> None:
-    """Write the Slurm batch script of a --num-nodes run (submit it with sbatch)."""
-    hardware = ctx.resolve_hardware(args.hardware)
-    write_batch_script(ctx, args, gpus_per_node=ctx.gpus_per_node(hardware, args.num_gpus_per_node))
-
-
-LAUNCHER = Launcher(
+LAUNCHER = recipe_launcher(
+    __name__,
     args=Args,
-    entrypoints=(prepare, train, full_train, worker, sbatch),
+    prepare=prepare,
+    train=train,
     recorded_hardware="CPU",
-    recordings=multi_node_recordings(),
+    evidence=(
+        "snapshots, argv contract; the default test suite runs the job live on 2 CPU cores "
+        "(the README's command: reward first-5 0.091 -> last-5 0.459, 2026-12-03); the same "
+        "recipe on 1x H200 in bf16 (`cuda_gpu` test, before issue 12's miles defaults): "
+        "0.128 -> 0.562, 0.36 s/step"
+    ),
 )
 
 if __name__ == "__main__":

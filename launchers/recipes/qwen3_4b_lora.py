@@ -1,33 +1,62 @@
 """The Qwen3-4B GRPO LoRA recipe (Megatron-Bridge training, SGLang rollout), for every platform.
 
 Everything but the platform is defined here, once: LoRA, rollout shape, engines, eval, optimizer,
-GRPO, data and checkpoints. A launcher adds only its platform choices: the hardware it
-supports and records (its `Args.hardware`), SGLang's attention and LoRA backends
-(`SGLangBackends`) and its wandb project. The platform environment follows from the hardware
-(harness.platform). tests/test_qwen3_4b_lora_twins.py holds the launchers to that.
+GRPO, data and checkpoints. A launcher is one declaration, ``LAUNCHER = launcher(__name__,
+...)``, of its platform choices: the hardware it supports and records, SGLang's attention and
+LoRA backends (`SGLangBackends`), its wandb project, and its evidence. The platform
+environment follows from the hardware (harness.platform), the cluster flags from the cluster
+(harness.cluster_shape). tests/test_qwen3_4b_lora_twins.py holds the launchers to that.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness import (
+    CLUSTER_FLAGS,
     HubDownload,
     LaunchContext,
+    Launcher,
     LauncherArgs,
     LaunchError,
     arg,
     execute_train,
     flags,
-    join_cluster,
+    launcher_args,
+    recipe_launcher,
     wandb_flags,
-    write_batch_script,
 )
+from harness.cluster_shape import TrainArgv
 from harness.launcher import SAFE_NAME
 
 MODEL_ORG = "Qwen"
 TRAIN_DATA_REPO = "zhuzilin/dapo-math-17k"
 EVAL_DATA_REPO = "zhuzilin/aime-2024"
+
+# The recipe's fixed blocks of train.py flags: the GRPO loss, and Megatron-Bridge training with
+# SGLang rollout colocated on the cluster's GPUs.
+GRPO = flags(
+    advantage_estimator="grpo",
+    kl_loss_coef=0.0,
+    kl_loss_type="low_var_kl",
+    entropy_coef=0.0,
+    eps_clip=0.2,
+    eps_clip_high=0.28,
+    loss_agg="token-mean",
+)
+MISC = (
+    *flags(
+        train_backend="megatron",
+        rollout_backend="sglang",
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        accumulate_allreduce_grads_in_fp32=True,
+        attention_softmax_in_fp32=True,
+    ),
+    CLUSTER_FLAGS,
+    *flags(colocate=True),
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +69,7 @@ class SGLangBackends:
 
 @dataclass(frozen=True)
 class Args(LauncherArgs):
-    """The recipe's options; a launcher narrows `hardware` and names its wandb project."""
+    """The recipe's options; `launcher` narrows `hardware` and names the wandb project."""
 
     model_name: str = arg(
         "Qwen3-4B", f"model: downloads the Hub repo {MODEL_ORG}/<name> into <model-dir>/<name>"
@@ -74,16 +103,46 @@ class Args(LauncherArgs):
             raise LaunchError(f"--model-name must be a Hub model name ({self.model_name!r})")
 
 
+def launcher(
+    module: str,
+    *,
+    hardware: Sequence[str],
+    recorded_hardware: str,
+    sglang: SGLangBackends,
+    wandb_project: str,
+    evidence: str,
+) -> Launcher:
+    """The launcher that `module` (its ``__name__``) declares: this recipe on `hardware`,
+    recorded as `recorded_hardware`, with SGLang's `sglang` kernels, logging to
+    `wandb_project`; `evidence` is what has shown it works (the support matrix's cell)."""
+
+    def train(ctx: LaunchContext, args: Args) -> None:
+        """Run GRPO LoRA training on the model and data already on the node."""
+        # Megatron overlaps communication with compute only on a single hardware queue.
+        job_env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        execute_train(ctx, args, train_argv(ctx, args, sglang), job_env=job_env)
+
+    return recipe_launcher(
+        module,
+        args=launcher_args(Args, module, hardware, wandb_project=wandb_project),
+        prepare=prepare,
+        train=train,
+        recorded_hardware=recorded_hardware,
+        evidence=evidence,
+    )
+
+
 def prepare(ctx: LaunchContext, args: Args) -> None:
+    """Download Qwen3-4B, DAPO-Math-17k and, with eval on, AIME-2024."""
     ctx.emit(HubDownload(f"{MODEL_ORG}/{args.model_name}", f"{args.model_dir}/{args.model_name}"))
     ctx.emit(HubDownload(TRAIN_DATA_REPO, f"{args.data_dir}/dapo-math-17k", "dataset"))
     if args.enable_eval:
         ctx.emit(HubDownload(EVAL_DATA_REPO, f"{args.data_dir}/aime-2024", "dataset"))
 
 
-def train(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> None:
-    hardware = ctx.resolve_hardware(args.hardware)
-    gpus = ctx.gpus_per_node(hardware, args.num_gpus_per_node)
+def train_argv(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> TrainArgv:
+    """train.py's argv, block by block: checkpoint, LoRA, rollout, eval, optimizer, GRPO,
+    wandb, SGLang, misc (with the cluster's flags)."""
     checkpoints = f"{args.output_dir}/{args.run_id}/checkpoints"
 
     checkpoint = flags(
@@ -131,15 +190,6 @@ def train(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> None:
         adam_beta1=0.9,
         adam_beta2=0.98,
     )
-    grpo = flags(
-        advantage_estimator="grpo",
-        kl_loss_coef=0.0,
-        kl_loss_type="low_var_kl",
-        entropy_coef=0.0,
-        eps_clip=0.2,
-        eps_clip_high=0.28,
-        loss_agg="token-mean",
-    )
     sglang = flags(
         rollout_num_gpus_per_engine=args.rollout_num_gpus_per_engine,
         sglang_mem_fraction_static=args.sglang_mem_fraction_static,
@@ -147,45 +197,14 @@ def train(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> None:
         sglang_lora_backend=backends.lora,
         sglang_attention_backend=backends.attention,
     )
-    misc = flags(
-        train_backend="megatron",
-        rollout_backend="sglang",
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        accumulate_allreduce_grads_in_fp32=True,
-        attention_softmax_in_fp32=True,
-        actor_num_nodes=args.num_nodes,
-        actor_num_gpus_per_node=gpus,
-        num_gpus_per_node=gpus,
-        colocate=True,
-    )
-    execute_train(
-        ctx,
-        args,
-        [
-            *checkpoint,
-            *lora,
-            *rollout,
-            *(evaluation if args.enable_eval else []),
-            *optimizer,
-            *grpo,
-            *wandb_flags(ctx, args),
-            *sglang,
-            *misc,
-        ],
-        hardware=hardware,
-        num_gpus_per_node=gpus,
-        # Megatron overlaps communication with compute only on a single hardware queue.
-        job_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
-    )
-
-
-def worker(ctx: LaunchContext, args: Args) -> None:
-    hardware = ctx.resolve_hardware(args.hardware)
-    gpus = ctx.gpus_per_node(hardware, args.num_gpus_per_node)
-    join_cluster(ctx, args, hardware=hardware, num_gpus_per_node=gpus)
-
-
-def sbatch(ctx: LaunchContext, args: Args) -> None:
-    hardware = ctx.resolve_hardware(args.hardware)
-    write_batch_script(ctx, args, gpus_per_node=ctx.gpus_per_node(hardware, args.num_gpus_per_node))
+    return [
+        *checkpoint,
+        *lora,
+        *rollout,
+        *(evaluation if args.enable_eval else []),
+        *optimizer,
+        *GRPO,
+        *wandb_flags(ctx, args),
+        *sglang,
+        *MISC,
+    ]
