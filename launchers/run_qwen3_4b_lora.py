@@ -32,8 +32,10 @@ LAUNCHER = recipe.launcher(
         "model, SGLang 0.5.17 with Triton attention and LoRA, PyTorch + PEFT in place of "
         "Megatron-Bridge, colocated): 12 rollouts, rollout/train log-prob abs diff 0.0073 "
         "mean, the engine's log-probs match the trainer's after every update (max 0.0197), "
-        "6.3 s/step (`cuda_gpu` test, 2026-12-03); FlashInfer/csgmv and Megatron-Bridge not "
-        "yet run"
+        "6.3 s/step (`cuda_gpu` test, 2026-12-03). With Megatron-Bridge training (FlashInfer/"
+        "csgmv or Triton): rollout 1 trained, log-prob abs diff 0.008, then the adapter-sync "
+        "probe failed on the engine side (docs/backends.md); Qwen3-4B shape at 8,192-token "
+        "responses: one rollout, 236 s/step, within 76 GiB"
     ),
 )
 
