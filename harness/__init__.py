@@ -6,7 +6,14 @@ A launcher imports what it needs from here; see docs/adding-a-launcher.md.
 from harness.cluster_shape import CLUSTER_FLAGS, ClusterShape
 from harness.context import LaunchContext, Plan, build_plan
 from harness.errors import LaunchError
-from harness.launcher import Launcher, LauncherArgs, arg, flags, multi_node_recordings
+from harness.launcher import (
+    Launcher,
+    LauncherArgs,
+    arg,
+    flags,
+    multi_node_recordings,
+    train_flags,
+)
 from harness.ray_job import execute_train, join_cluster, wandb_flags
 from harness.recipe import launcher_args, recipe_launcher
 from harness.slurm import write_batch_script
@@ -35,6 +42,7 @@ __all__ = [
     "launcher_args",
     "multi_node_recordings",
     "recipe_launcher",
+    "train_flags",
     "wandb_flags",
     "write_batch_script",
 ]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.hardware import Hardware
-from harness.launcher import flag, flags
+from harness.launcher import flag, train_flags
 
 
 class Placeholder(enum.Enum):
@@ -54,7 +54,7 @@ class ClusterShape:
         GPUs, each node's GPUs. The device is named where it is the CPU; on GPUs train.py's
         ``--device auto`` is cuda (the cluster has a GPU per rank)."""
         cpu = self.hardware.device == "cpu"
-        return flags(
+        return train_flags(
             device="cpu" if cpu else None,
             actor_num_nodes=self.nodes,
             actor_num_gpus_per_node=self.ranks_per_node,

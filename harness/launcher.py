@@ -62,6 +62,18 @@ def flags(**values: Any) -> list[str]:
     return argv
 
 
+def train_flags(**values: Any) -> list[str]:
+    """`flags` for ``train.py``: each name must be a field of its typed config and each value of
+    that field's type (`trainer.config.values`), or the recording fails naming the flag."""
+    from trainer.config.values import problem
+
+    for name, value in values.items():
+        wrong = problem(name, value)
+        if wrong is not None:
+            raise TypeError(f"a launcher's train.py flags: {wrong}")
+    return flags(**values)
+
+
 @dataclass(frozen=True)
 class LauncherArgs:
     """Fields every launcher has. A launcher narrows `hardware` to a ``Literal`` of its choices."""

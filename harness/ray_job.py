@@ -9,7 +9,7 @@ from harness.cluster_shape import ClusterShape, TrainArgv
 from harness.context import LaunchContext
 from harness.errors import LaunchError
 from harness.hardware import Hardware
-from harness.launcher import LauncherArgs, flags
+from harness.launcher import LauncherArgs, train_flags
 from harness.platform import platform_env
 from harness.run_tag import RunTag
 from harness.secrets import is_secret
@@ -54,7 +54,7 @@ def wandb_flags(ctx: LaunchContext, args: LauncherArgs) -> list[str]:
         if not ctx.dry_run:  # a dry run shows it: no wandb flags
             ctx.note("wandb is off: WANDB_API_KEY is not set (--wandb-mode offline logs locally)")
         return []
-    return flags(
+    return train_flags(
         use_wandb=True,
         wandb_project=args.wandb_project,
         wandb_group=args.run_id,

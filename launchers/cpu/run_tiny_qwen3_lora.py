@@ -24,6 +24,7 @@ from harness import (
     execute_train,
     flags,
     recipe_launcher,
+    train_flags,
     wandb_flags,
 )
 from harness.cli import main
@@ -86,7 +87,7 @@ def train(ctx: LaunchContext, args: Args) -> None:
     data = f"{args.data_dir}/tiny-task"
     checkpoints = f"{args.output_dir}/{args.run_id}/checkpoints"
     argv = [
-        *flags(
+        *train_flags(
             hf_checkpoint=f"{args.model_dir}/tiny-qwen3",
             load=checkpoints,
             save=checkpoints,
@@ -94,8 +95,10 @@ def train(ctx: LaunchContext, args: Args) -> None:
             output_dir=f"{args.output_dir}/{args.run_id}",
             seed=args.seed,
         ),
-        *flags(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, target_modules="all-linear"),
-        *flags(
+        *train_flags(
+            lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, target_modules="all-linear"
+        ),
+        *train_flags(
             prompt_data=f"{data}/train.jsonl",
             input_key="prompt",
             label_key="label",
@@ -110,17 +113,17 @@ def train(ctx: LaunchContext, args: Args) -> None:
             global_batch_size=args.global_batch_size,
             micro_batch_size=args.micro_batch_size,
         ),
-        *flags(
+        *train_flags(
             eval_interval=args.eval_interval,
             eval_prompt_data=("tiny", f"{data}/eval.jsonl"),
             n_samples_per_eval_prompt=1,
         ),
-        *flags(optimizer="adam", lr=args.lr, lr_decay_style="constant"),
-        *flags(advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=0.28),
+        *train_flags(optimizer="adam", lr=args.lr, lr_decay_style="constant"),
+        *train_flags(advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=0.28),
         *wandb_flags(ctx, args),
-        *flags(train_backend="torch", rollout_backend="hf"),
+        *train_flags(train_backend="torch", rollout_backend="hf"),
         CLUSTER_FLAGS,
-        *flags(colocate=True),
+        *train_flags(colocate=True),
     ]
     execute_train(ctx, args, argv, stop_ray=True)
 

@@ -22,9 +22,9 @@ from harness import (
     LaunchError,
     arg,
     execute_train,
-    flags,
     launcher_args,
     recipe_launcher,
+    train_flags,
     wandb_flags,
 )
 from harness.cluster_shape import TrainArgv
@@ -36,7 +36,7 @@ EVAL_DATA_REPO = "zhuzilin/aime-2024"
 
 # The recipe's fixed blocks of train.py flags: the GRPO loss, and Megatron-Bridge training with
 # SGLang rollout colocated on the cluster's GPUs.
-GRPO = flags(
+GRPO = train_flags(
     advantage_estimator="grpo",
     kl_loss_coef=0.0,
     kl_loss_type="low_var_kl",
@@ -46,7 +46,7 @@ GRPO = flags(
     loss_agg="token-mean",
 )
 MISC = (
-    *flags(
+    *train_flags(
         train_backend="megatron",
         rollout_backend="sglang",
         attention_dropout=0.0,
@@ -55,7 +55,7 @@ MISC = (
         attention_softmax_in_fp32=True,
     ),
     CLUSTER_FLAGS,
-    *flags(colocate=True),
+    *train_flags(colocate=True),
 )
 
 
@@ -145,7 +145,7 @@ def train_argv(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> Trai
     wandb, SGLang, misc (with the cluster's flags)."""
     checkpoints = f"{args.output_dir}/{args.run_id}/checkpoints"
 
-    checkpoint = flags(
+    checkpoint = train_flags(
         hf_checkpoint=f"{args.model_dir}/{args.model_name}",
         megatron_to_hf_mode="bridge",
         load=checkpoints,
@@ -153,14 +153,14 @@ def train_argv(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> Trai
         save_interval=args.save_interval,
         output_dir=f"{args.output_dir}/{args.run_id}",
     )
-    lora = flags(
+    lora = train_flags(
         lora_rank=args.lora_rank,
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         target_modules=args.target_modules,
         lora_base_cpu_backup=args.lora_base_cpu_backup,
     )
-    rollout = flags(
+    rollout = train_flags(
         prompt_data=f"{args.data_dir}/dapo-math-17k/dapo-math-17k.jsonl",
         input_key="prompt",
         label_key="label",
@@ -175,14 +175,14 @@ def train_argv(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> Trai
         rollout_temperature=1.0,
         global_batch_size=args.global_batch_size,
     )
-    evaluation = flags(
+    evaluation = train_flags(
         eval_interval=20,
         eval_prompt_data=("aime24", f"{args.data_dir}/aime-2024/aime-2024.jsonl"),
         n_samples_per_eval_prompt=16,
         eval_max_response_len=16384,
         eval_top_p=1.0,
     )
-    optimizer = flags(
+    optimizer = train_flags(
         optimizer="adam",
         lr=args.lr,
         lr_decay_style="constant",
@@ -190,7 +190,7 @@ def train_argv(ctx: LaunchContext, args: Args, backends: SGLangBackends) -> Trai
         adam_beta1=0.9,
         adam_beta2=0.98,
     )
-    sglang = flags(
+    sglang = train_flags(
         rollout_num_gpus_per_engine=args.rollout_num_gpus_per_engine,
         sglang_mem_fraction_static=args.sglang_mem_fraction_static,
         sglang_chunked_prefill_size=4096,
