@@ -11,11 +11,9 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ import pytest
 from harness import ownership
 from harness.host import CHECKOUT
 from harness.run_tag import RunTag
+from tests.live_launcher import SECRETS, launch
 from tests.private_ray import free_port
 from trainer import tiny
 
@@ -44,29 +43,7 @@ def submit_without_token(dashboard_port: int) -> int:
         return err.code
 
 
-# Drawn per run: the checkout (this file too) is uploaded into Ray's dir as the job's working_dir.
-SECRETS = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}", "MY_SERVICE_TOKEN": uuid.uuid4().hex}
 NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")  # another local user
-
-
-def launch(tmp_path: Path, run_id: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
-    """The CPU launcher's `train` of `run_id`, live, on its own ports, with the user's secrets
-    in its environment and one more in --extra-env."""
-    argv = [
-        "train", "--run-id", run_id, "--model-dir", str(tmp_path / "models"),
-        "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
-        "--ray-port", str(free_port()), "--agent-port", str(free_port()),
-        "--client-server-port", str(free_port()),
-        "--extra-env", f"MY_SERVICE_TOKEN={SECRETS['MY_SERVICE_TOKEN']},PLAIN=shown", *extra,
-    ]  # fmt: skip
-    with log.open("w") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "launchers.cpu.run_tiny_qwen3_lora", *argv],
-            cwd=CHECKOUT,
-            env={**os.environ, "PYTHONPATH": CHECKOUT, "HF_TOKEN": SECRETS["HF_TOKEN"]},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
 
 
 def as_nobody(command: str) -> subprocess.CompletedProcess[str]:

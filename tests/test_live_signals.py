@@ -8,9 +8,7 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -18,13 +16,13 @@ import pytest
 from harness import ownership
 from harness.host import CHECKOUT
 from harness.run_tag import RunTag
+from tests.live_launcher import SECRETS, launch
 from tests.private_ray import free_port
 from trainer import tiny
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
 FILE = f"{CHECKOUT}/launchers/cpu/run_tiny_qwen3_lora.py"
-SECRETS = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}", "MY_SERVICE_TOKEN": uuid.uuid4().hex}
 
 # A job with the launcher's job's runtime env: what its driver (after `job_env.load`, as
 # train.py) and its workers (Ray's setup hook) see of the secrets, as digests.
@@ -52,22 +50,8 @@ def digest(value: str) -> str:
 def start_launcher(tmp_path: Path, run_id: str, dashboard_port: int) -> subprocess.Popen[bytes]:
     """`train` of `run_id` in a session of its own, as a shell starts a foreground job."""
     tiny.build(tmp_path / "models" / "tiny-qwen3", tmp_path / "data" / "tiny-task", seed=0)
-    argv = [
-        "train", "--run-id", run_id, "--model-dir", str(tmp_path / "models"),
-        "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
-        "--ray-port", str(free_port()), "--dashboard-port", str(dashboard_port),
-        "--agent-port", str(free_port()), "--client-server-port", str(free_port()),
-        "--num-rollout", "1000", "--extra-env", f"MY_SERVICE_TOKEN={SECRETS['MY_SERVICE_TOKEN']}",
-    ]  # fmt: skip
-    with (tmp_path / "launcher.log").open("w") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "launchers.cpu.run_tiny_qwen3_lora", *argv],
-            cwd=CHECKOUT,
-            env={**os.environ, "PYTHONPATH": CHECKOUT, "HF_TOKEN": SECRETS["HF_TOKEN"]},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    extra = ("--dashboard-port", str(dashboard_port), "--num-rollout", "1000")
+    return launch(tmp_path, run_id, tmp_path / "launcher.log", *extra, own_session=True)
 
 
 def wait_for_training(launcher: subprocess.Popen[bytes], log: Path) -> None:
