@@ -81,21 +81,22 @@ def run_streaming(
     reader = threading.Thread(target=tail.follow, args=(process.stdout,), daemon=True)
     reader.start()
     interrupted = False
-    while process.poll() is None:
-        if time.monotonic() - started > budget_s:
-            waiting = tail.waiting_for()
-            _stop(process)
-            reader.join(timeout=5)
-            pytest.fail(
-                f"{label}: its time budget of {budget_s:.0f} s ran out while waiting for "
-                f"{waiting} (whole log: {log})"
-            )
-        if interrupt_when is not None and not interrupted and interrupt_when():
-            interrupted = True
-            _stop(process)
-        time.sleep(1)
-    reader.join(timeout=30)
-    tail.log.close()
+    try:
+        while process.poll() is None:
+            if time.monotonic() - started > budget_s:
+                waiting = tail.waiting_for()
+                _stop(process)
+                pytest.fail(
+                    f"{label}: its time budget of {budget_s:.0f} s ran out while waiting for "
+                    f"{waiting} (whole log: {log})"
+                )
+            if interrupt_when is not None and not interrupted and interrupt_when():
+                interrupted = True
+                _stop(process)
+            time.sleep(1)
+    finally:
+        reader.join(timeout=30)
+        tail.log.close()
     return Finished(process.returncode, "".join(tail.lines), interrupted)
 
 
