@@ -119,11 +119,20 @@ def test_request_seeds_stay_distinct_across_engines_and_calls() -> None:
 
 def test_input_logprobs_of_a_prefill() -> None:
     output = {"meta_info": {"input_token_logprobs": [[None, 5, None], [-0.5, 6, None], [-1.5, 7]]}}
-    assert parse_input_logprobs([5, 6, 7], output) == [-0.5, -1.5]
+    assert parse_input_logprobs([5, 6, 7], output, vocab_size=16) == [-0.5, -1.5]
     with pytest.raises(GenerationError, match="expected 2 input_token_logprobs"):
-        parse_input_logprobs([5, 6], output)
+        parse_input_logprobs([5, 6], output, vocab_size=16)
     with pytest.raises(GenerationError, match="malformed input logprob entry 1"):
-        parse_input_logprobs([5, 9, 7], output)
+        parse_input_logprobs([5, 9, 7], output, vocab_size=16)
+
+
+def test_input_logprobs_of_the_last_vocabulary_token() -> None:
+    """SGLang reports input ids from vocab_size - 1 on as 0; the H200 production run's probe
+    sequence held the tiny vocabulary's last token (15) and was refused as malformed."""
+    output = {"meta_info": {"input_token_logprobs": [[None, 5, None], [-3.0, 0, None]]}}
+    assert parse_input_logprobs([5, 15], output, vocab_size=16) == [-3.0]
+    with pytest.raises(GenerationError, match="the input has token 14 there"):
+        parse_input_logprobs([5, 14], output, vocab_size=16)
 
 
 def test_heavy_packages_not_imported() -> None:

@@ -6,17 +6,23 @@ log. The budget ends a run that takes too long with the launcher's own interrupt
 Ctrl-C: it stops the job and releases its Ray) and fails the test naming what the run was
 waiting for: its last line and how long ago it came. `interrupt_when` stops a run early the same
 way once a condition holds (a checkpoint on disk, for a resume test).
+
+A run started in the background of a non-interactive shell (`nohup ... &`, a batch script)
+inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt: the launcher
+would run on through its interrupt. The launcher is therefore started with SIGINT at its
+default, as a terminal's foreground job is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,15 +74,16 @@ def run_streaming(
     """Run `command` (its output streamed and kept in `log`); fail the test when it outlasts
     `budget_s`, saying what it was waiting for."""
     started = time.monotonic()
-    process = subprocess.Popen(
-        command,
-        cwd=cwd,
-        env={**env, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group: the interrupt reaches all of it
-    )
+    with _sigint_not_ignored():
+        process = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group: the interrupt reaches all of it
+        )
     tail = _Tail(log)
     reader = threading.Thread(target=tail.follow, args=(process.stdout,), daemon=True)
     reader.start()
@@ -98,6 +105,20 @@ def run_streaming(
         reader.join(timeout=30)
         tail.log.close()
     return Finished(process.returncode, "".join(tail.lines), interrupted)
+
+
+@contextlib.contextmanager
+def _sigint_not_ignored() -> Iterator[None]:
+    """Within, SIGINT is not ignored in this process, so a child started here gets it at its
+    default (an ignored signal stays ignored across exec; a handled one is reset)."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _stop(process: subprocess.Popen) -> None:

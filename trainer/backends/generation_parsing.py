@@ -92,10 +92,16 @@ def parse_outputs(
     return [parse_output(p, o) for p, o in zip(prompts, outputs, strict=True)]
 
 
-def parse_input_logprobs(token_ids: Sequence[int], output: Mapping[str, Any]) -> list[float]:
+def parse_input_logprobs(
+    token_ids: Sequence[int], output: Mapping[str, Any], vocab_size: int
+) -> list[float]:
     """Log-probabilities of ``token_ids[1:]`` from a prefill with ``return_logprob=True`` and
     ``logprob_start_len=0``: ``meta_info.input_token_logprobs`` holds one ``(logprob, token_id,
-    text)`` per input token, the first without a log-probability (nothing precedes it)."""
+    text)`` per input token, the first without a log-probability (nothing precedes it).
+
+    SGLang reports every input id from ``vocab_size - 1`` on as 0 (it clips image tokens' hash
+    ids: ``SchedulerLogprobResultProcessor._process_input_token_logprobs``, 0.5.17), so a real
+    last-vocabulary token comes back as 0 and is accepted as such."""
     meta = output.get("meta_info")
     entries = meta.get("input_token_logprobs") if isinstance(meta, Mapping) else None
     if entries is None or len(entries) != len(token_ids):
@@ -104,7 +110,8 @@ def parse_input_logprobs(token_ids: Sequence[int], output: Mapping[str, Any]) ->
             f"expected {len(token_ids)} input_token_logprobs (logprob_start_len=0), got {count}"
         )
     for position, (entry, token) in enumerate(zip(entries, token_ids, strict=True)):
-        if len(entry) < 2 or int(entry[1]) != token or (position and entry[0] is None):
+        reported = token if token < vocab_size - 1 else 0
+        if len(entry) < 2 or int(entry[1]) != reported or (position and entry[0] is None):
             raise GenerationError(
                 f"malformed input logprob entry {position}: {entry!r} (the input has token "
                 f"{token} there; entries {position - 2}..{position + 2}: "

@@ -83,7 +83,8 @@ class SGLangRolloutEngine:
             logprob_start_len=0,
             lora_path=self._adapter_name,
         )
-        return [parse_input_logprobs(token_ids, output)]
+        vocab_size = self._engine.tokenizer_manager.model_config.vocab_size
+        return [parse_input_logprobs(token_ids, output, vocab_size)]
 
     def load_adapter(self, adapter: LoraAdapter) -> None:
         """Serve `adapter` from now on: load it under a fresh name, then drop the previous one."""
