@@ -52,18 +52,20 @@ def test_a_bad_marker_is_a_clear_error(tmp_path, marker, message):
 
 
 def test_a_resumed_loop_continues_exactly_where_it_stopped(tiny_dirs, tmp_path):  # noqa: F811
-    """4 rollouts in one go == 2 rollouts, a checkpoint, and a fresh loop resuming for 2 more."""
+    """4 rollouts in one go == 2 rollouts, a checkpoint, and a fresh loop resuming for 2 more,
+    metrics included: the resumed run's first rollout checks, as the straight run's does, that
+    the engine serves the adapter of the update before (here the checkpoint's)."""
     model, data = tiny_dirs
     straight, _ = make_loop(
         recipe_argv(model, data, tmp_path / "a", "--num-rollout", "4", "--save",
-                    str(tmp_path / "a" / "ckpt"), "--save-interval", "2")
+                    str(tmp_path / "a" / "ckpt"), "--save-interval", "2", "--check-adapter-sync")
     )  # fmt: skip
     straight.run()
 
     resumed_dir = tmp_path / "b"
     argv = recipe_argv(
         model, data, resumed_dir, "--num-rollout", "4", "--save", str(resumed_dir / "ckpt"),
-        "--load", str(resumed_dir / "ckpt"), "--save-interval", "2",
+        "--load", str(resumed_dir / "ckpt"), "--save-interval", "2", "--check-adapter-sync",
     )  # fmt: skip
     first, _ = make_loop(argv)
     generate = first.engines.generate
@@ -95,6 +97,7 @@ def test_a_resumed_loop_continues_exactly_where_it_stopped(tiny_dirs, tmp_path):
         return {k: v for k, v in record.items() if not k.startswith("time/")}
 
     assert [stable(r) for r in a] == [stable(r) for r in b]
+    assert all("sync/engine_trainer_logprob_abs_diff" in r for r in b[1:])
     final_a = json.loads((tmp_path / "a" / "ckpt" / "iter_0000004" / "state.json").read_text())
     final_b = json.loads((resumed_dir / "ckpt" / "iter_0000004" / "state.json").read_text())
     assert final_a == final_b

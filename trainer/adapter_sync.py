@@ -4,7 +4,9 @@ After each update the trainers score one fixed sequence (the first rollout's fir
 the new adapter (`AdapterSyncProbe.expect`); once the engines have loaded that adapter they score
 it too (`AdapterSyncProbe.check`): the worst mean |engine - trainer| log-prob over the engines is
 ``sync/engine_trainer_logprob_abs_diff``. At each save the expectation goes beside the adapter
-(`trainer.adapter_check`), so whoever loads it elsewhere can check it reproduces the policy.
+(`trainer.adapter_check`), so whoever loads it elsewhere can check it reproduces the policy; a
+resumed run takes it back (`AdapterSyncProbe.restore`), so its first rollout checks that the
+engines serve the adapter it resumed from.
 """
 
 from __future__ import annotations
@@ -57,6 +59,20 @@ class AdapterSyncProbe:
             for scores in served
         )
         return {"sync/engine_trainer_logprob_abs_diff": worst}
+
+    def restore(self, adapter_dir: Path) -> None:
+        """The expectation saved beside a checkpoint's adapter (none when that run did not
+        check, or had not updated yet)."""
+        if not (adapter_dir / adapter_check.CHECK_FILE).is_file():
+            return
+        saved = adapter_check.read(adapter_dir)
+        input_ids = torch.tensor([saved.input_ids])
+        self.sequence = TrainBatch(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            loss_mask=torch.tensor([saved.response], dtype=torch.float32),
+        )
+        self.expected = torch.tensor(saved.logprobs)
 
     def write(self, adapter_dir: Path) -> None:
         """The expectation beside a saved adapter (nothing before the first update)."""

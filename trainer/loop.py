@@ -166,6 +166,8 @@ class GRPOLoop:
         self.start = int(state["rollout_index"])
         self.pending = self.trainers.export_adapter()
         self.saved = path / checkpoint.ADAPTER_DIR
+        if self.sync is not None:
+            self.sync.restore(self.saved)
         print(f"resumed from {path} (next rollout {self.start + 1}/{self.num_rollout})", flush=True)
         return self.start
 
