@@ -61,6 +61,7 @@ SWAPS = (
     "trainer_release_memory", "engine_resume_memory", "engine_release_memory",
     "trainer_resume_memory",
 )  # fmt: skip
+DECODE_GRAPHS = ("--sglang-cuda-graph-max-bs-decode", "64")  # 8 prompts x 8 samples
 BREAKDOWN = ("rollout", "logprobs", "train", "export_adapter", "load_adapter", *SWAPS, "step")
 
 
@@ -169,8 +170,10 @@ def _run_job(
         "--prompt-data", str(tmp_path / "data" / "train.jsonl"), "--rm-type", "tiny",
         "--train-backend", train_backend, "--sglang-attention-backend", attention,
         "--sglang-lora-backend", lora, "--check-adapter-sync",
-        # A short run: no prefill CUDA graphs (80 s of capture at start-up on an H200).
-        "--sglang-disable-prefill-cuda-graph", *_micro_batches(train_backend, gpus),
+        # A short run: no prefill CUDA graphs (80 s of capture at start-up on an H200), and
+        # decode graphs only up to the rollout's 64 samples (SGLang's default on an H200 took
+        # 36 batch sizes, 97 s, at each of the two starts).
+        "--sglang-disable-prefill-cuda-graph", *DECODE_GRAPHS, *_micro_batches(train_backend, gpus),
     ]  # fmt: skip
     run_id = f"{train_backend}-{backends}-{gpus}gpu"
     flags = [
@@ -278,7 +281,7 @@ def test_seed_recipe_at_qwen3_4b_size(tmp_path: Path, train_backend: str) -> Non
         "--custom-rm-path", "trainer.tiny.length_parity", "--train-backend", train_backend,
         "--sglang-attention-backend", "triton", "--sglang-lora-backend", "triton",
         # Two rollouts: capturing prefill CUDA graphs costs more than it saves.
-        "--sglang-disable-prefill-cuda-graph", *SEED_SIZE_TRAINING[train_backend],
+        "--sglang-disable-prefill-cuda-graph", *DECODE_GRAPHS, *SEED_SIZE_TRAINING[train_backend],
     ]  # fmt: skip
     run_id = f"seed-size-{train_backend}"
     command = _launcher_command(
