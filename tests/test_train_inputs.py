@@ -129,6 +129,11 @@ def test_bad_inputs_are_one_line_before_anything_starts(tiny_dirs, saved_run, tm
             [*argv(), "--output-dir", str(blocker / "out")],
             f"--output-dir {blocker / 'out'}: cannot write there (Not a directory)",
         ),
+        "checkpoint of another LoRA rank": (
+            argv("--load", str(saved_run), "--lora-rank", "8"),
+            f"{latest}/adapter/adapter_config.json: trained with --lora-rank 4, this run asks "
+            "for 8; resume with --lora-rank 4, or start without --load",
+        ),
         "seed beyond 32 bits": (
             [*argv(), "--seed", "99999999999999999999"],
             "--seed must be in [0, 4294967295] (got 99999999999999999999)",

@@ -61,6 +61,22 @@ def verify(root: Path, iteration: int) -> None:
         )
 
 
+def adapter_shape_problem(root: Path, iteration: int, rank: int, alpha: float) -> str | None:
+    """How checkpoint `iteration`'s adapter differs from ``--lora-rank`` / ``--lora-alpha``
+    (its ``adapter_config.json``), or None: the trainers could not load it into their adapter."""
+    config_file = iter_dir(root, iteration) / ADAPTER_DIR / "adapter_config.json"
+    if not config_file.is_file():
+        return None
+    saved = json.loads(config_file.read_text(encoding="utf-8"))
+    for flag, key, value in (("--lora-rank", "r", rank), ("--lora-alpha", "lora_alpha", alpha)):
+        if key in saved and float(saved[key]) != float(value):
+            return (
+                f"{config_file}: trained with {flag} {saved[key]:g}, this run asks for {value:g}; "
+                f"resume with {flag} {saved[key]:g}, or start without --load"
+            )
+    return None
+
+
 def save(
     root: Path, iteration: int, save_trainer: Callable[[Path], None], state: Mapping[str, Any]
 ) -> Path:

@@ -105,6 +105,11 @@ def check_inputs(config: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     resumes = checkpoint.latest_iteration(load)
     if load is not None and resumes is not None:
         checkpoint.verify(load, resumes)
+        lora = config.lora
+        if problem := checkpoint.adapter_shape_problem(
+            load, resumes, lora.lora_rank, lora.lora_alpha
+        ):
+            raise UsageError(problem)
     for flag, value in (("--output-dir", paths.output_dir), ("--save", paths.save)):
         if value and (problem := file_checks.writable_dir_problem(Path(value))):
             raise UsageError(f"{flag} {value}: {problem}")
