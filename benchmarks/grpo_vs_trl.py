@@ -29,17 +29,17 @@ text's length).
   importance-sampling correction costs one no-grad forward over the rollout per step.
   Its phases: `sync_weights` (merge and load), the rest of generation is its rollout.
 
-Each system lives in its own worker process; after `--warmup` steps each, the parent makes them
-take their timed steps in turn (ours, trl, trl-vllm, ours, ...; `--trl-steps` etc. give one
-system fewer, e.g. the slow `trl`, which then drops out of the later rounds). `--SYSTEM-path`
-puts directories first on that worker's `sys.path` and `PYTHONPATH` only: on a node where vLLM's
-and SGLang's pins conflict, each comes from its own wheelhouse target. Reported per system: the package versions its worker imported,
-step time median / min / max, rollout tokens/s (generated tokens over the generation time,
-prefill included), training tokens/s (prompt + response tokens over the rest of the step), peak
-GPU memory (NVML, the worker's whole process tree, SGLang's scheduler included; and torch's peak
-allocated in the worker itself), the ratio of each other system's median to ours, and the decode
-roofline: the rollout's throughput against the bound HBM bandwidth sets (weights + LoRA + KV
-cache read once per decode step).
+Each system lives in its own worker process; after `--warmup` steps each, the parent makes them take
+their timed steps in turn (ours, trl, trl-vllm, ours, ...; `--trl-steps` etc. give one system fewer,
+e.g. the slow `trl`, which then drops out of the later rounds). `--SYSTEM-path` puts directories
+first on that worker's `sys.path` and `PYTHONPATH` only: on a node where vLLM's and SGLang's pins
+conflict, each comes from its own wheelhouse target. Reported per system: the package versions its
+worker imported, step time median / min / max, rollout tokens/s (generated tokens over the
+generation time, prefill included), training tokens/s (prompt + response tokens over the rest of the
+step), peak GPU memory (NVML, the worker's whole process tree, SGLang's scheduler included; and
+torch's peak allocated in the worker itself), the ratio of each other system's median to ours, and
+the decode roofline: the rollout's throughput against the bound HBM bandwidth sets (weights + LoRA +
+KV cache read once per decode step).
 
     python benchmarks/grpo_vs_trl.py                       # ours and trl on the H200 (CUDA)
     python benchmarks/grpo_vs_trl.py --systems ours,trl,trl-vllm --trl-vllm-path /tmp/site-vllm
