@@ -6,7 +6,7 @@ heads, 8 KV heads, head_dim 128, intermediate 3072, vocabulary 151,936, tied emb
 `--shape qwen3-4b` (the seed recipe's model, `trainer.tiny`'s shape); 8 prompts x 8 samples per
 step, 256-token prompts, 512 response tokens with EOS ignored (every sample that long), LoRA
 r=64 alpha=32 dropout 0 on all linear layers, bf16, lr 2e-5, no KL (beta 0), one generation and
-one optimizer update per step; both systems' reward is `trainer.tiny.parity` (of the response
+one optimizer update per step; every system's reward is `trainer.tiny.parity` (of the response
 text's length).
 
 * *ours*: the project's fastest single-GPU pairing, SGLang rollout + PEFT trainer colocated,
@@ -15,25 +15,43 @@ text's length).
 * *trl*: TRL 1.16's GRPOTrainer + PEFT with the settings of the measured baseline
   (`use_vllm=False`, its default transformers generation with `min_new_tokens` = response
   length, 16 x 4 micro-batches, `beta=0`).
+* *trl-vllm* (CUDA only): the same GRPOTrainer and settings with `use_vllm=True,
+  vllm_mode="colocate"`: vLLM runs in the worker's own process at TRL's default
+  `vllm_gpu_memory_utilization` (0.3), and before each generation TRL merges the LoRA adapter
+  into the base weights, loads them into vLLM and unmerges. EOS is ignored through
+  `generation_kwargs` (handed to vLLM's `SamplingParams`): `min_tokens` = response length with
+  the tokenizer's EOS as a stop token, so vLLM masks it as transformers' `min_new_tokens` does.
+  `vllm_enable_sleep_mode` is on, for two reasons: memory, since the three workers hold their
+  memory side by side on one GPU (on an H200 of 140 GiB: ours about 28 GiB, trl 57 GiB, and
+  trl-vllm without sleep its 42 GiB vLLM pool plus about 27 GiB of training, 154 GiB in all;
+  asleep, vLLM gives its pool back while TRL trains); and likeness, since ours' colocated
+  engine releases its memory during training as well. TRL's other vLLM defaults stay: its
+  importance-sampling correction costs one no-grad forward over the rollout per step.
+  Its phases: `sync_weights` (merge and load), the rest of generation is its rollout.
 
-Each system lives in its own worker process; after `--warmup` steps each, the parent makes them
-take their timed steps in turn (ours, trl, ours, ...). Reported per system: step time median /
-min / max, rollout tokens/s (generated tokens over the generation time, prefill included),
-training tokens/s (prompt + response tokens over the rest of the step), peak GPU memory (NVML,
-the worker's whole process tree, SGLang's scheduler included; and torch's peak allocated in the
-worker itself), the ratio of medians, and the decode roofline: the rollout's throughput against
-the bound HBM bandwidth sets (weights + LoRA + KV cache read once per decode step).
+Each system lives in its own worker process; after `--warmup` steps each, the parent makes them take
+their timed steps in turn (ours, trl, trl-vllm, ours, ...; `--trl-steps` etc. give one system fewer,
+e.g. the slow `trl`, which then drops out of the later rounds). `--SYSTEM-path` puts directories
+first on that worker's `sys.path` and `PYTHONPATH` only: on a node where vLLM's and SGLang's pins
+conflict, each comes from its own wheelhouse target. Reported per system: the package versions its
+worker imported, step time median / min / max, rollout tokens/s (generated tokens over the
+generation time, prefill included), training tokens/s (prompt + response tokens over the rest of the
+step), peak GPU memory (NVML, the worker's whole process tree, SGLang's scheduler included; and
+torch's peak allocated in the worker itself), the ratio of each other system's median to ours, and
+the decode roofline: the rollout's throughput against the bound HBM bandwidth sets (weights + LoRA +
+KV cache read once per decode step).
 
-    python benchmarks/grpo_vs_trl.py                       # the H200 comparison (CUDA)
+    python benchmarks/grpo_vs_trl.py                       # ours and trl on the H200 (CUDA)
+    python benchmarks/grpo_vs_trl.py --systems ours,trl,trl-vllm --trl-vllm-path /tmp/site-vllm
     python benchmarks/grpo_vs_trl.py --device cpu --tiny   # tiny model, HF rollout, on CPU
 
-Needs ``pip install -e '.[bench]'`` (trl, datasets) and, for the GPU pairing, SGLang.
+Needs ``pip install -e '.[bench]'`` (trl, datasets) and, for the GPU systems, SGLang and vLLM
+(docs/offline-nodes.md: their wheelhouses).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -46,6 +64,8 @@ import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
+from importlib.machinery import PathFinder
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.tiny import SHAPES, parity
 
 GIB = 2**30
+SYSTEMS = ("ours", "trl", "trl-vllm")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # `--shape`: Qwen3-0.6B as released (`trainer.tiny`'s body with its 28 layers and 151,936
 # embeddings), and Qwen3-4B as released (the seed recipe's model).
@@ -405,12 +426,24 @@ class Ours:
 # ---------------------------------------------------------------------------- TRL
 
 
-def trl_config(spec: Spec, steps: int) -> Any:
+def trl_config(spec: Spec, steps: int, kind: str) -> Any:
+    """The GRPOConfig of `kind` ("trl" or "trl-vllm"): the same workload, generated by
+    transformers or by vLLM colocated (see the module's docstring)."""
     from trl import GRPOConfig
 
     cuda = spec.device.startswith("cuda")
     rows = spec.prompts * spec.samples
     accumulation = rows // spec.micro_batch
+    if kind == "trl-vllm":
+        eos = build_tokenizer(spec, eos=True).eos_token_id
+        generation: dict[str, Any] = {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_enable_sleep_mode": True,
+            "generation_kwargs": {"min_tokens": spec.response_len, "stop_token_ids": [eos]},
+        }
+    else:
+        generation = {"use_vllm": False, "generation_kwargs": {"min_new_tokens": spec.response_len}}
     return GRPOConfig(
         output_dir=str(Path(spec.work) / "trl"),
         learning_rate=spec.lr,
@@ -421,11 +454,9 @@ def trl_config(spec: Spec, steps: int) -> Any:
         num_generations=spec.samples,
         max_completion_length=spec.response_len,
         temperature=1.0,
-        generation_kwargs={"min_new_tokens": spec.response_len},
         beta=0.0,
         bf16=cuda,
         gradient_checkpointing=False,
-        use_vllm=False,
         max_steps=steps,
         logging_steps=1,
         save_strategy="no",
@@ -434,10 +465,11 @@ def trl_config(spec: Spec, steps: int) -> Any:
         seed=spec.seed,
         use_cpu=not cuda,
         dataloader_num_workers=0,
+        **generation,
     )
 
 
-def run_trl(spec: Spec, steps: int, conn: Any, memory: PeakMemory) -> None:
+def run_trl(spec: Spec, kind: str, steps: int, conn: Any, memory: PeakMemory) -> None:
     """TRL's own training loop, paced by the parent: each step waits for its "step" command."""
     import datasets
     import torch
@@ -465,7 +497,7 @@ def run_trl(spec: Spec, steps: int, conn: Any, memory: PeakMemory) -> None:
                 command = conn.recv()
             assert command == "step", command
             synchronize(spec.device)
-            timing.update(started=time.perf_counter(), rollout=0.0, responses=0)
+            timing.update(started=time.perf_counter(), rollout=0.0, sync=0.0, responses=0)
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
             synchronize(spec.device)
@@ -473,9 +505,10 @@ def run_trl(spec: Spec, steps: int, conn: Any, memory: PeakMemory) -> None:
             responses = int(timing["responses"])
             step = StepTime(
                 step_s=time.perf_counter() - timing["started"],
-                rollout_s=timing["rollout"],
+                rollout_s=timing["rollout"] - timing["sync"],
                 response_tokens=responses,
                 total_tokens=responses + rows * spec.prompt_len,
+                phases={"sync_weights": timing["sync"]} if kind == "trl-vllm" else {},
             )
             memory.idle()
             conn.send(asdict(step))
@@ -489,13 +522,13 @@ def run_trl(spec: Spec, steps: int, conn: Any, memory: PeakMemory) -> None:
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=length_parity,
-        args=trl_config(spec, steps),
+        args=trl_config(spec, steps, kind),
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=[Pace()],
     )
-    generate = trainer._generate_single_turn  # what TRL's rollout is: model.generate
+    generate = trainer._generate_single_turn  # TRL's rollout: model.generate, or vLLM's
 
     def timed_generate(*args: Any, **kwargs: Any) -> Any:
         synchronize(spec.device)
@@ -507,26 +540,60 @@ def run_trl(spec: Spec, steps: int, conn: Any, memory: PeakMemory) -> None:
         return out
 
     trainer._generate_single_turn = timed_generate
+    if kind == "trl-vllm":  # within the rollout: the adapter merged into vLLM's weights
+        sync = trainer.vllm_generation.sync_weights
+
+        def timed_sync() -> None:
+            synchronize(spec.device)
+            started = time.perf_counter()
+            sync()
+            synchronize(spec.device)
+            timing["sync"] += time.perf_counter() - started
+
+        trainer.vllm_generation.sync_weights = timed_sync
     trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts on stdout
-    conn.send(("ready", None))
+    conn.send(("ready", package_versions()))
     trainer.train()
 
 
 # ---------------------------------------------------------------------------- workers
 
 
-def worker(kind: str, spec: Spec, steps: int, baseline: int, conn: Any) -> None:
+def use_path(path: list[str]) -> None:
+    """Put `path` first on this process's `sys.path` and, for the processes it starts (SGLang's
+    scheduler), on `PYTHONPATH`."""
+    if path:
+        sys.path[:0] = path
+        rest = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(path + ([rest] if rest else []))
+
+
+def package_versions() -> dict[str, str]:
+    """The versions of the packages the systems are made of, as this process finds them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("torch", "transformers", "peft", "trl", "datasets", "sglang", "vllm"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def worker(kind: str, spec: Spec, steps: int, baseline: int, path: list[str], conn: Any) -> None:
+    use_path(path)  # before the systems' packages: this module's top imports none of them
     from trainer.arguments import UsageError
 
     try:
         import torch
 
         memory = PeakMemory(spec.device, baseline)
-        if kind == "trl":
-            run_trl(spec, steps, conn, memory)
+        if kind in ("trl", "trl-vllm"):
+            run_trl(spec, kind, steps, conn, memory)
         else:
             system = Ours(spec, steps)
-            conn.send(("ready", None))
+            conn.send(("ready", package_versions()))
             for _ in range(steps):
                 command = conn.recv()
                 if command == "reset":
@@ -548,13 +615,16 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, conn: Any) -> None:
 
 
 class Worker:
-    def __init__(self, kind: str, spec: Spec, steps: int, baseline: int) -> None:
+    def __init__(self, kind: str, spec: Spec, steps: int, baseline: int, path: list[str]) -> None:
         context = multiprocessing.get_context("spawn")
         self.kind = kind
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=worker, args=(kind, spec, steps, baseline, child))
+        self.process = context.Process(
+            target=worker, args=(kind, spec, steps, baseline, path, child)
+        )
         self.process.start()
-        self.expect("ready")
+        child.close()  # so that a worker that dies reads as EOF here, not as a wait forever
+        _, self.versions = self.expect("ready")
 
     def receive(self) -> Any:
         try:
@@ -626,19 +696,19 @@ def phase_medians(times: list[dict[str, Any]]) -> list[tuple[str, float]]:
     ]
 
 
-def versions(spec: Spec) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    parts = []
-    for name in ("torch", "transformers", "peft", "trl", "datasets", "sglang"):
-        try:
-            parts.append(f"{name} {version(name)}")
-        except PackageNotFoundError:
-            continue
+def machine(spec: Spec) -> str:
     import torch
 
-    machine = torch.cuda.get_device_name(0) if spec.device.startswith("cuda") else "CPU"
-    return f"{machine}, {os.cpu_count()} cores; " + ", ".join(parts)
+    name = torch.cuda.get_device_name(0) if spec.device.startswith("cuda") else "CPU"
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Every other system's median step time over ours' (how many times faster ours is)."""
+    if "ours" not in results:
+        return {}
+    ours = results["ours"]["summary"]["median"]
+    return {kind: r["summary"]["median"] / ours for kind, r in results.items() if kind != "ours"}
 
 
 def count_params(spec: Spec) -> tuple[int, int]:
@@ -662,14 +732,16 @@ def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> N
     where = (
         "each system's process tree" if per_process else "device above idle, other idle included"
     )
-    print(f"\n{versions(spec)}")
+    print(f"\n{machine(spec)}")
+    for name, r in results.items():
+        print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()))
     print(
         f"{spec.prompts} prompts x {spec.samples} samples, {spec.prompt_len} prompt + "
         f"{spec.response_len} response tokens, LoRA r=64 all-linear, "
         f"{'tiny model' if spec.tiny else spec.shape + ' shape'}, {spec.device}"
     )
     header = (
-        f"{'system':<6} {'steps':>5} {'median s':>9} {'min s':>8} {'max s':>8} "
+        f"{'system':<8} {'steps':>5} {'median s':>9} {'min s':>8} {'max s':>8} "
         f"{'rollout tok/s':>14} {'train tok/s':>12} {'peak ' + unit:>28} {'torch alloc GiB':>16}"
     )
     print(header)
@@ -678,7 +750,7 @@ def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> N
         peak = f"{r['peak'] / GIB:.2f}"
         allocated = f"{r['allocated'] / GIB:.2f}" if cuda else "n/a"
         print(
-            f"{name:<6} {len(r['times']):>5} {s['median']:>9.3f} {s['min']:>8.3f} "
+            f"{name:<8} {len(r['times']):>5} {s['median']:>9.3f} {s['min']:>8.3f} "
             f"{s['max']:>8.3f} {s['rollout_tps']:>14.0f} {s['train_tps']:>12.0f} "
             f"{peak:>28} {allocated:>16}"
         )
@@ -687,9 +759,8 @@ def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> N
         phases = phase_medians(r["times"])
         if phases:
             print(f"{name} per step (median): " + ", ".join(f"{k} {v:.3f}" for k, v in phases))
-    if "ours" in results and "trl" in results:
-        ratio = results["trl"]["summary"]["median"] / results["ours"]["summary"]["median"]
-        print(f"ratio (trl median / ours median): {ratio:.2f}x")
+    for name, ratio in ratios(results).items():
+        print(f"ratio ({name} median / ours median): {ratio:.2f}x")
     if not spec.tiny:
         base, lora = count_params(spec)
         bound = decode_bound(spec, hbm_tbps, base, lora)
@@ -710,22 +781,35 @@ INSTALL = {
     "datasets": "pip install -e '.[bench]'",
     "psutil": "pip install -e '.[bench]'",
     "sglang": "SGLang's wheels (docs/offline-nodes.md on a node without internet)",
+    "vllm": "vLLM's wheels, e.g. in their own target for --trl-vllm-path (docs/offline-nodes.md)",
     "pynvml": "pip install nvidia-ml-py",
     "peft": "pip install -e '.[portable]'",
     "transformers": "pip install -e '.[portable]'",
 }
 
 
-def missing_packages(spec: Spec, systems: list[str]) -> list[str]:
-    """'module (how to install it)' for every module this run needs and cannot import."""
+def needed_modules(spec: Spec, kind: str) -> list[str]:
     needed = ["psutil", "peft", "transformers"]
-    if "trl" in systems:
+    if kind != "ours":
         needed += ["trl", "datasets"]
-    if "ours" in systems and spec.rollout_backend == "sglang":
+    if kind == "trl-vllm":
+        needed.append("vllm")
+    if kind == "ours" and spec.rollout_backend == "sglang":
         needed.append("sglang")
     if spec.device.startswith("cuda"):
         needed.append("pynvml")
-    return [f"{m} ({INSTALL[m]})" for m in needed if importlib.util.find_spec(m) is None]
+    return needed
+
+
+def missing_packages(spec: Spec, paths: dict[str, list[str]]) -> list[str]:
+    """'module for system (how to install it)' for every module a system's worker needs and
+    cannot import, with its `--SYSTEM-path` first."""
+    missing = []
+    for kind, path in paths.items():
+        for module in needed_modules(spec, kind):
+            if PathFinder.find_spec(module, path) is None and find_spec(module) is None:
+                missing.append(f"{module} for {kind} ({INSTALL[module]})")
+    return missing
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
@@ -735,8 +819,17 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
     parser.add_argument(
         "--shape", choices=tuple(MODEL_SHAPES), default="qwen3-0.6b", help="model (random weights)"
     )
-    parser.add_argument("--systems", default="ours,trl", help="comma list of ours, trl")
+    parser.add_argument(
+        "--systems", default="ours,trl", help=f"comma list of {', '.join(SYSTEMS)} (CUDA only)"
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per system (>= 1)")
+    for kind in SYSTEMS:
+        parser.add_argument(f"--{kind}-steps", type=int, help=f"timed steps of {kind} (--steps)")
+        parser.add_argument(
+            f"--{kind}-path",
+            default="",
+            help=f"directories ({os.pathsep}-separated) first on {kind}'s sys.path and PYTHONPATH",
+        )
     parser.add_argument("--warmup", type=int, help="untimed steps per system first (2; tiny: 1)")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--samples", type=int, default=8)
@@ -757,13 +850,21 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     options = parser.parse_args(argv)
     systems = [s.strip() for s in options.systems.split(",") if s.strip()]
-    if not systems or any(s not in ("ours", "trl") for s in systems):
-        parser.error(f"--systems {options.systems!r}: a comma list of ours, trl")
+    if not systems or any(s not in SYSTEMS for s in systems):
+        parser.error(f"--systems {options.systems!r}: a comma list of {', '.join(SYSTEMS)}")
+    if "trl-vllm" in systems and options.device != "cuda":
+        parser.error("--systems trl-vllm: vLLM needs --device cuda")
     options.systems = systems
     if options.warmup is None:
         options.warmup = 1 if options.tiny else 2
-    if options.steps < 1 or options.warmup < 0:
-        parser.error("--steps must be >= 1 and --warmup >= 0")
+    options.steps = {kind: own_steps(options, kind) for kind in systems}
+    if min(options.steps.values()) < 1 or options.warmup < 0:
+        parser.error("--steps must be >= 1 (every --SYSTEM-steps too) and --warmup >= 0")
+    options.paths = {kind: own_path(options, kind) for kind in systems}
+    for kind in SYSTEMS:
+        for folder in own_path(options, kind):
+            if not Path(folder).is_dir():
+                parser.error(f"--{kind}-path: {folder} is not a directory")
     rows = options.prompts * options.samples
     if options.micro_batch < 1 or rows % options.micro_batch:
         parser.error(f"--micro-batch {options.micro_batch} does not divide {rows} samples")
@@ -782,7 +883,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         shape=options.shape,
         ours_flags=shlex.split(options.ours_flags),
     )
-    missing = missing_packages(spec, systems)
+    missing = missing_packages(spec, options.paths)
     if missing:
         parser.exit(
             2,
@@ -796,9 +897,18 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
     return options, spec
 
 
+def own_steps(options: argparse.Namespace, kind: str) -> int:
+    steps = getattr(options, f"{kind.replace('-', '_')}_steps")
+    return options.steps if steps is None else steps
+
+
+def own_path(options: argparse.Namespace, kind: str) -> list[str]:
+    return [d for d in getattr(options, f"{kind.replace('-', '_')}_path").split(os.pathsep) if d]
+
+
 def main(argv: list[str] | None = None) -> None:
     options, spec = parse(argv)
-    total = options.warmup + options.steps
+    total = options.warmup + max(options.steps.values())
     with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as work:
         spec.work = work
         started = time.perf_counter()
@@ -807,31 +917,36 @@ def main(argv: list[str] | None = None) -> None:
         baseline = device_used(spec.device)
         workers: dict[str, Worker] = {}
         try:
-            results = run_systems(options, spec, total, baseline, workers)
+            results = run_systems(options, spec, baseline, workers)
         finally:
-            for w in workers.values():  # after a failure, the other one waits for commands
+            for w in workers.values():  # after a failure, the others wait for commands
                 if w.process.is_alive():
                     w.process.terminate()
     report(spec, results, options.hbm_tbps)
     if options.json:
-        options.json.write_text(json.dumps({"spec": asdict(spec), "results": results}, indent=1))
+        document = {"spec": asdict(spec), "results": results, "ratios": ratios(results)}
+        options.json.write_text(json.dumps(document, indent=1))
 
 
 def run_systems(
-    options: argparse.Namespace, spec: Spec, total: int, baseline: int, workers: dict[str, Any]
+    options: argparse.Namespace, spec: Spec, baseline: int, workers: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
-    """Start the workers (into `workers`), warm each up, then alternate the timed steps."""
-    for kind in options.systems:  # one at a time: SGLang sizes its pool from free memory
+    """Start the workers (into `workers`), warm each up, then alternate the timed steps: round
+    `i` steps every system that has more than `i` timed steps."""
+    for kind in options.systems:  # one at a time: SGLang and vLLM size pools from free memory
         started = time.perf_counter()
-        workers[kind] = Worker(kind, spec, total, baseline)
+        total = options.warmup + options.steps[kind]
+        workers[kind] = Worker(kind, spec, total, baseline, options.paths[kind])
         print(f"{kind}: ready in {time.perf_counter() - started:.1f} s", flush=True)
     for kind, w in workers.items():
         for index in range(options.warmup):
             t = w.step()
             print(f"{kind} warm-up {index + 1}: {t.step_s:.2f} s", flush=True)
     times: dict[str, list[StepTime]] = {kind: [] for kind in workers}
-    for index in range(options.steps):
+    for index in range(max(options.steps.values())):
         for kind, w in workers.items():
+            if index >= options.steps[kind]:
+                continue
             t = w.step(reset=index == 0)
             times[kind].append(t)
             print(
@@ -847,6 +962,7 @@ def run_systems(
             "peak": peak,
             "allocated": allocated,
             "per_process": per_process,
+            "versions": w.versions,
         }
     return results
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -75,8 +76,11 @@ def test_summary(bench):
     ("argv", "message"),
     [
         (["--micro-batch", "7"], "--micro-batch 7 does not divide 64 samples"),
-        (["--systems", "ours,vllm"], "a comma list of ours, trl"),
+        (["--systems", "ours,vllm"], "a comma list of ours, trl, trl-vllm"),
         (["--steps", "0"], "--steps must be >= 1"),
+        (["--trl-steps", "0"], "--steps must be >= 1 (every --SYSTEM-steps too)"),
+        (["--systems", "ours,trl-vllm"], "--systems trl-vllm: vLLM needs --device cuda"),
+        (["--trl-vllm-path", "/no/such/dir"], "--trl-vllm-path: /no/such/dir is not a directory"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(bench, capsys, argv, message):
@@ -113,3 +117,99 @@ def test_phase_medians(bench):
         {"phases": {"rollout": 3.0}},
     ]
     assert bench.phase_medians(times) == [("rollout", 3.0), ("train", 2.0)]
+
+
+def tiny_spec(bench, work, **changes):
+    values = {
+        "work": str(work), "device": "cpu", "tiny": True, "prompts": 8, "samples": 8,
+        "prompt_len": 16, "response_len": 32, "micro_batch": 16, "lr": 2e-5, "seed": 0,
+        "rollout_backend": "hf", **changes,
+    }  # fmt: skip
+    return bench.Spec(**values)
+
+
+def test_trl_vllm_config_generates_with_colocated_vllm_and_ignores_eos(bench, tmp_path):
+    pytest.importorskip("trl")
+    spec = tiny_spec(bench, tmp_path)
+    config = bench.trl_config(spec, steps=3, kind="trl-vllm")
+    eos = bench.build_tokenizer(spec, eos=True).eos_token_id
+    assert (config.use_vllm, config.vllm_mode, config.vllm_enable_sleep_mode) == (
+        True,
+        "colocate",
+        True,
+    )
+    assert config.vllm_gpu_memory_utilization == 0.3  # TRL's default
+    assert config.generation_kwargs == {"min_tokens": 32, "stop_token_ids": [eos]}
+    baseline = bench.trl_config(spec, steps=3, kind="trl")
+    assert not baseline.use_vllm and baseline.generation_kwargs == {"min_new_tokens": 32}
+    same = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps")
+    same += ("steps_per_generation", "num_generations", "max_completion_length", "beta")
+    same += ("max_steps", "num_iterations", "temperature", "gradient_checkpointing")
+    assert {k: getattr(config, k) for k in same} == {k: getattr(baseline, k) for k in same}
+    assert config.generation_batch_size == 64 and config.beta == 0.0
+
+
+def test_each_system_gets_its_own_steps_and_path(bench, tmp_path):
+    pytest.importorskip("trl")
+    argv = ["--device", "cpu", "--tiny", "--steps", "4", "--trl-steps", "2"]
+    options, _ = bench.parse([*argv, "--trl-path", f"{tmp_path}{os.pathsep}{tmp_path}"])
+    assert options.steps == {"ours": 4, "trl": 2}
+    assert options.paths == {"ours": [], "trl": [str(tmp_path), str(tmp_path)]}
+
+
+def test_a_system_path_is_searched_for_its_packages(bench, tmp_path):
+    spec = full_spec(bench)
+    assert any(
+        m.startswith("vllm for trl-vllm") for m in bench.missing_packages(spec, {"trl-vllm": []})
+    )
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    missing = bench.missing_packages(spec, {"trl-vllm": [str(tmp_path)], "ours": []})
+    assert not any(m.startswith("vllm") for m in missing)
+
+
+def test_use_path_puts_the_folders_first(bench, monkeypatch):
+    monkeypatch.setattr(sys, "path", ["/b"])
+    monkeypatch.setenv("PYTHONPATH", "/c")
+    bench.use_path(["/a1", "/a2"])
+    assert sys.path == ["/a1", "/a2", "/b"]
+    assert os.environ["PYTHONPATH"] == os.pathsep.join(["/a1", "/a2", "/c"])
+
+
+@pytest.mark.timeout(120)
+def test_the_worker_imports_from_its_own_path_first(bench, tmp_path, monkeypatch):
+    """A `trl` on the trl worker's path shadows the installed one in that worker."""
+    pytest.importorskip("trl")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the spawned worker imports it
+    shadow = tmp_path / "extra" / "trl"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('the trl of the extra path')\n")
+    with pytest.raises(SystemExit) as exit_info:
+        bench.Worker("trl", tiny_spec(bench, tmp_path), 1, 0, [str(tmp_path / "extra")])
+    assert "the trl worker failed" in str(exit_info.value)
+    assert "the trl of the extra path" in str(exit_info.value)
+
+
+def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsys):
+    def result(seconds, versions):
+        step = bench.StepTime(
+            step_s=seconds, rollout_s=seconds / 2, response_tokens=64, total_tokens=128
+        )
+        return {
+            "times": [bench.asdict(step)], "summary": bench.summary([step]),
+            "peak": 2**30, "allocated": 0, "per_process": True, "versions": versions,
+        }  # fmt: skip
+
+    results = {
+        "ours": result(2.0, {"sglang": "0.5.17"}),
+        "trl": result(8.0, {"trl": "1.16.0"}),
+        "trl-vllm": result(3.0, {"trl": "1.16.0", "vllm": "0.26.0"}),
+    }
+    assert bench.ratios(results) == {"trl": 4.0, "trl-vllm": 1.5}
+    bench.report(tiny_spec(bench, tmp_path), results, 4.8)
+    out = capsys.readouterr().out
+    assert "ratio (trl median / ours median): 4.00x" in out
+    assert "ratio (trl-vllm median / ours median): 1.50x" in out
+    assert "trl-vllm: trl 1.16.0, vllm 0.26.0" in out
+    rows = [line.split()[0] for line in out.splitlines() if line.endswith("n/a")]
+    assert rows == ["ours", "trl", "trl-vllm"]

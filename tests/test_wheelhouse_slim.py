@@ -116,3 +116,27 @@ def test_the_cuda_profile_keeps_what_flashinfers_jit_compile_needs():
     assert "flashinfer/data/cutlass/" in triton["flashinfer-python"].drop
     assert "flashinfer-python" not in cuda
     assert {k: v for k, v in triton.items() if k != "flashinfer-python"} == cuda
+
+
+def test_the_vllm_profile_keeps_hoppers_flash_attention_and_the_dense_kernels(tmp_path):
+    """vLLM on SM90 takes FlashAttention 3; FA2, the MoE kernels and the Rust HTTP frontend go."""
+    members = {
+        "vllm/__init__.py": b"",
+        "vllm/_C_stable_libtorch.abi3.so": b"dense ops",
+        "vllm/_moe_C_stable_libtorch.abi3.so": b"moe ops",
+        "vllm/vllm_flash_attn/flash_attn_interface.py": b"",
+        "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": b"fa2",
+        "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3",
+        "vllm/vllm-rs": b"frontend",
+    }
+    src = make_wheel(tmp_path / "src", "vllm", "0.26.0", members)
+    dst = tmp_path / "slim" / src.name
+    dst.parent.mkdir()
+    result = slim_wheel(src, dst, rules_for(["vllm-sm90"])["vllm"], arch=parse_arch("sm90"))
+    assert result is not None and result.dropped == 3
+    assert set(record_rows(dst)) >= {
+        "vllm/_C_stable_libtorch.abi3.so",
+        "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
+        "vllm/vllm_flash_attn/flash_attn_interface.py",
+    }
+    assert not {"vllm/vllm-rs", "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"} & set(record_rows(dst))

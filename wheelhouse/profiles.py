@@ -55,7 +55,25 @@ SGLANG_CUDA: dict[str, Rule] = {
     name: rule for name, rule in SGLANG_TRITON.items() if name != "flashinfer-python"
 }
 
-PROFILES: dict[str, dict[str, Rule]] = {"sglang-triton": SGLANG_TRITON, "sglang-cuda": SGLANG_CUDA}
+# vLLM's offline `LLM` (TRL's colocated generation) for a dense model on Hopper: FlashAttention 2
+# serves SM90 only for ALiBi or an explicit `flash_attn_version=2` (FA3 otherwise) and is imported
+# behind an ImportError guard; the MoE kernels (routing top-k, MoE align/permute/GEMM) load under
+# `contextlib.suppress(ImportError)`; `vllm-rs` is the Rust HTTP frontend of `vllm serve`.
+VLLM_SM90: dict[str, Rule] = {
+    "vllm": Rule(
+        drop=(
+            "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
+            "vllm/_moe_C_stable_libtorch.abi3.so",
+            "vllm/vllm-rs",
+        )
+    ),
+}
+
+PROFILES: dict[str, dict[str, Rule]] = {
+    "sglang-triton": SGLANG_TRITON,
+    "sglang-cuda": SGLANG_CUDA,
+    "vllm-sm90": VLLM_SM90,
+}
 
 
 def rules_for(profiles: list[str]) -> dict[str, Rule]:
