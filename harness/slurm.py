@@ -55,7 +55,9 @@ def batch_script(ctx: LaunchContext, args: LauncherArgs, gpus_per_node: int) -> 
         f"#SBATCH --output={shlex.quote(output)}",
         "set -euo pipefail",
         f"cd {shlex.quote(ctx.host.checkout)}",
-        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # the first host; sed reads the whole list, where `head -n 1` would close the pipe on a
+        # long one and scontrol's SIGPIPE fail the script under pipefail
+        'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         'if [ "$SLURM_JOB_NUM_NODES" -gt 1 ]; then',
         '  srun --nodes=$((SLURM_JOB_NUM_NODES - 1)) --ntasks-per-node=1 --exclude="$head" \\',
         f"    python3 -m {module} worker {options} &",
