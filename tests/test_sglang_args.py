@@ -59,6 +59,19 @@ def test_amd_launcher_argv_builds_the_expected_server_args() -> None:
     }  # fmt: skip
 
 
+def test_engine_seeds_differ_and_stay_within_32_bits() -> None:
+    """SGLang seeds numpy with its random seed, which refuses 2**32 and above."""
+    config = parse_args([*AMD_ARGV, "--seed", str(2**32 - 1)])
+    targets = registry.adapter_targets(config)
+    seeds = [
+        sglang_args.build_server_args(
+            config, targets, engine_index=index, fields=FIELDS, source=SOURCE
+        )["random_seed"]
+        for index in range(8)
+    ]
+    assert seeds == [2**32 - 1, *range(7)]
+
+
 def test_extra_flags_map_onto_server_args_fields_with_their_types() -> None:
     kwargs = _build(
         "--sglang-disable-cuda-graph",

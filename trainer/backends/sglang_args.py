@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainer.backends.sglang_server_fields import SERVER_ARGS_FIELDS, SGLANG_VERSION
+from trainer.config.misc import MAX_SEED
 
 if TYPE_CHECKING:
     from trainer.backends.megatron_lora_names import LoraTargets
@@ -332,8 +333,8 @@ def build_server_args(
     """ServerArgs kwargs for engine `engine_index`, of ``--rollout-num-gpus-per-engine`` GPUs;
     `targets`: the adapter's modules as the trainer resolves them (`registry.adapter_targets`).
 
-    Each engine gets its own random seed (``--seed`` + its index), so engines that serve the
-    same prompts do not draw the same samples.
+    Each engine gets its own random seed (``--seed`` + its index, wrapped to SGLang's 32 bits),
+    so engines that serve the same prompts do not draw the same samples.
     """
     if fields is None:
         fields, source = server_fields()
@@ -342,7 +343,7 @@ def build_server_args(
         "model_path": config.checkpoint.hf_checkpoint,
         "tp_size": placement.rollout_num_gpus_per_engine,
         "base_gpu_id": base_gpu_id,
-        "random_seed": config.misc.seed + engine_index,
+        "random_seed": (config.misc.seed + engine_index) % (MAX_SEED + 1),
         "dtype": _DTYPES[placement.dtype],
         "enable_lora": True,
         "max_lora_rank": lora.lora_rank,
