@@ -86,8 +86,11 @@ SGLANG_FLAGS = (
     "--sglang-attention-backend triton --sglang-lora-backend triton "
     "--sglang-sampling-backend pytorch --sglang-mem-fraction-static 0.15 "
     "--sglang-cuda-graph-max-bs-decode 64 --sglang-disable-prefill-cuda-graph "
-    "--sglang-log-level warning --lora-base-cpu-backup"
+    "--sglang-log-level warning"
 )
+# ours' colocated memory (`--ours-memory`): swapped around training with the base backed up on
+# the host, as the recipes run it, or both sides resident all along
+OURS_MEMORY = {"release": ["--lora-base-cpu-backup"], "keep": ["--colocate-memory", "keep"]}
 
 
 @dataclass
@@ -107,6 +110,7 @@ class Spec:
     rollout_backend: str
     shape: str = "qwen3-0.6b"  # a MODEL_SHAPES key (unused with `tiny`)
     ours_flags: list[str] = field(default_factory=list)
+    ours_memory: str = "release"  # an OURS_MEMORY key
 
     @property
     def model_shape(self) -> dict[str, Any]:
@@ -358,7 +362,7 @@ def ours_argv(spec: Spec, steps: int) -> list[str]:
     if cuda:
         argv.append("--colocate")
     if spec.rollout_backend == "sglang":
-        argv += shlex.split(SGLANG_FLAGS)
+        argv += [*shlex.split(SGLANG_FLAGS), *OURS_MEMORY[spec.ours_memory]]
     return argv + spec.ours_flags
 
 
@@ -380,7 +384,7 @@ class Ours:
         colocation = Colocation.start_engines_first(
             lambda: registry.create_rollout(args, device),
             lambda: InProcessTrainers(registry.create_trainer(args, device, total_steps=steps)),
-            colocate=args.placement.colocate,
+            colocate=args.placement.swaps_memory,
         )
         self.loop = GRPOLoop(
             args,
@@ -846,6 +850,13 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         default="",
         help="more train.py flags for ours, after '=' (--ours-flags='--sglang-log-level info')",
     )
+    parser.add_argument(
+        "--ours-memory",
+        choices=tuple(OURS_MEMORY),
+        default="release",
+        help="ours' colocated GPU memory: swapped around training (release, as the recipes) "
+        "or engine and trainer both resident (keep)",
+    )
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     options = parser.parse_args(argv)
@@ -882,6 +893,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         rollout_backend=options.rollout_backend or ("hf" if options.device == "cpu" else "sglang"),
         shape=options.shape,
         ours_flags=shlex.split(options.ours_flags),
+        ours_memory=options.ours_memory,
     )
     missing = missing_packages(spec, options.paths)
     if missing:

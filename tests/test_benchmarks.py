@@ -213,3 +213,15 @@ def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsy
     assert "trl-vllm: trl 1.16.0, vllm 0.26.0" in out
     rows = [line.split()[0] for line in out.splitlines() if line.endswith("n/a")]
     assert rows == ["ours", "trl", "trl-vllm"]
+
+
+@pytest.mark.parametrize(
+    ("memory", "swaps", "backup"), [("release", True, True), ("keep", False, False)]
+)
+def test_ours_memory_sets_a_consistent_colocation(bench, memory, swaps, backup):
+    from trainer.arguments import parse_args
+
+    args = parse_args(bench.ours_argv(full_spec(bench, work="/w", ours_memory=memory), steps=1))
+    assert args.placement.colocate
+    assert args.placement.swaps_memory is swaps
+    assert args.lora.lora_base_cpu_backup is backup

@@ -297,6 +297,16 @@ def test_loop_runs_logs_and_takes_turns_on_the_devices(tiny_dirs, tmp_path, caps
     ]  # fmt: skip
 
 
+def test_colocated_with_memory_kept_the_loop_makes_no_swaps(tiny_dirs, tmp_path):
+    model, data = tiny_dirs
+    argv = recipe_argv(
+        model, data, tmp_path, "--num-rollout", "2", "--colocate", "--colocate-memory", "keep"
+    )
+    loop, trainers = make_loop(argv)
+    loop.run()
+    assert trainers.calls == ["engine.generate", "engine.load_adapter v2", "engine.generate"]
+
+
 @pytest.mark.parametrize(("engines", "synced"), [(LocalEngines, True), (StaleEngines, False)])
 def test_adapter_sync_check_compares_engine_and_trainer(tiny_dirs, tmp_path, engines, synced):
     """The engines' log-probs of a fixed sequence match the trainer's after each update, and
@@ -379,6 +389,11 @@ def run_train_py(*argv: str, env: dict[str, str] | None = None) -> subprocess.Co
         (["--lora-rank", "0"], "--lora-rank must be > 0"),
         (["--no-such-flag", "1"], "unrecognized argument --no-such-flag"),
         (["--rollout-batch-size", "3", "--global-batch-size", "8"], "must be a multiple"),
+        (["--colocate-memory", "keep"], "--colocate-memory keep needs --colocate"),
+        (
+            ["--colocate", "--colocate-memory", "keep", "--lora-base-cpu-backup"],
+            "which --colocate-memory keep never does; drop one of them",
+        ),
     ],
 )
 def test_bad_argv_is_one_line_and_exit_2(argv, message):

@@ -59,6 +59,13 @@ def test_amd_launcher_argv_builds_the_expected_server_args() -> None:
     }  # fmt: skip
 
 
+def test_colocated_with_memory_kept_the_engine_runs_without_the_memory_saver() -> None:
+    base = [a for a in AMD_ARGV if a != "--lora-base-cpu-backup"]
+    assert _build(base=base)["enable_memory_saver"] is True
+    kept = _build("--colocate-memory", "keep", base=base)
+    assert "enable_memory_saver" not in kept and "enable_weights_cpu_backup" not in kept
+
+
 def test_engine_seeds_differ_and_stay_within_32_bits() -> None:
     """SGLang seeds numpy with its random seed, which refuses 2**32 and above."""
     config = parse_args([*AMD_ARGV, "--seed", str(2**32 - 1)])

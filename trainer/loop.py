@@ -142,7 +142,7 @@ class GRPOLoop:
         self.pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
         self.num_rollout = num_rollouts(config.rollout, len(source))
         self.start = 0
-        colocate = config.placement.colocate
+        colocate = config.placement.swaps_memory
         self.colocation = colocation or Colocation(trainers, engines, colocate=colocate)
         self.pending: LoraAdapter | None = None
         self.saved: Path | None = None

@@ -118,6 +118,12 @@ def check_inputs(config: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     return tokenizer, source, evals
 
 
+def _colocation_note(placement: PlacementConfig) -> str:
+    if not placement.colocate:
+        return ""
+    return ", colocated" if placement.swaps_memory else ", colocated, both resident (no swaps)"
+
+
 def run(config: TrainConfig) -> int:
     started = time.time()
     from trainer import preflight
@@ -149,7 +155,7 @@ def run(config: TrainConfig) -> int:
             f"{rollout.n_samples_per_prompt} samples on {layout.device}: "
             f"{len(layout.train_bundles)} training rank(s), {len(layout.engine_bundles)} "
             f"{config.placement.rollout_backend} engine(s)"
-            f"{', colocated' if config.placement.colocate else ''}",
+            f"{_colocation_note(config.placement)}",
             flush=True,
         )
         cluster = placement.launch(config, layout, total_steps=num_rollout * updates)

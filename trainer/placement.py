@@ -414,6 +414,6 @@ def launch(config: TrainConfig, layout: Layout, *, total_steps: int) -> Cluster:
         return RayTrainerGroup(trainers, [dp_rank for _, dp_rank in ranks])
 
     colocation = Colocation.start_engines_first(
-        start_engines, start_trainers, colocate=layout.colocate
+        start_engines, start_trainers, colocate=config.placement.swaps_memory
     )
     return Cluster(group, colocation)

@@ -11,10 +11,12 @@ With ``--colocate`` both live on the same devices and take turns::
     # on exit                          # engine.release_memory(); trainer.resume_memory()
     trainer.train_step(...)
 
-Without ``--colocate`` the same phases are tracked and no memory call is made, so the loop reads
-the same either way. Calls out of order raise `ColocateOrderError`. `calls` records every
-release/resume made, in order. The holders are anything with ``release_memory()`` and
-``resume_memory()`` (a backend, or a group of Ray actors behind such methods).
+Without ``--colocate``, or colocated with ``--colocate-memory keep`` (both stay resident where
+the engine's memory fraction leaves the trainer room), the same phases are tracked and no memory
+call is made, so the loop reads the same either way. Calls out of order raise
+`ColocateOrderError`. `calls` records every release/resume made, in order. The holders are
+anything with ``release_memory()`` and ``resume_memory()`` (a backend, or a group of Ray actors
+behind such methods).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ MANAGED_FIELDS: dict[str, str] = {
     "random_seed": "--seed",
     "dtype": "--dtype",
     "base_gpu_id": "the job's GPU placement",
-    "enable_memory_saver": "--colocate",
+    "enable_memory_saver": "--colocate (with --colocate-memory release)",
     "enable_weights_cpu_backup": "--lora-base-cpu-backup",
     "sampling_defaults": "the trainer (the rollout samples exactly with its sampling flags)",
 }
@@ -360,7 +360,7 @@ def build_server_args(
         "attention_backend": sglang.sglang_attention_backend,
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
-    if placement.colocate:
+    if placement.swaps_memory:
         kwargs["enable_memory_saver"] = True
         if lora.lora_base_cpu_backup:
             kwargs["enable_weights_cpu_backup"] = True

@@ -6,7 +6,8 @@ API followed: SGLang 0.5.9 (``sglang/srt/entrypoints/engine.py``): ``Engine(**se
 ``load_lora_adapter_from_tensors(name, tensors, config_dict)`` (adapter from memory; older
 releases lack it and get the adapter from a PEFT directory via ``load_lora_adapter(name,
 path)``), ``unload_lora_adapter(name)``, ``release_memory_occupation(tags)`` /
-``resume_memory_occupation(tags)`` (needs ``enable_memory_saver``, set with ``--colocate``).
+``resume_memory_occupation(tags)`` (needs ``enable_memory_saver``, set with ``--colocate`` unless
+``--colocate-memory keep``).
 
 Colocated memory: with ``--lora-base-cpu-backup`` the engine runs with
 ``enable_weights_cpu_backup`` and releases everything (weights, KV cache, CUDA graphs) while

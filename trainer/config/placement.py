@@ -23,6 +23,13 @@ class PlacementConfig:
     rollout_num_gpus: int | None = flag(None, help="defaults to the actor total (colocated)")
     rollout_num_gpus_per_engine: int = flag(1)
     colocate: bool = flag(False)
+    colocate_memory: str = flag(
+        "release",
+        choices=("release", "keep"),
+        help="colocated, whether trainer and engine hand the GPU memory to each other between "
+        "rollout and training (release) or both stay resident (keep: no swaps, where the "
+        "engine's --sglang-mem-fraction-static leaves the trainer room)",
+    )
     train_python: str | None = flag(
         None,
         help="Python interpreter of the training actors (Ray runtime env py_executable), for a "
@@ -34,6 +41,11 @@ class PlacementConfig:
     )
     device: str = flag("auto", choices=("auto", "cpu", "cuda"))
     dtype: str = flag("auto", choices=("auto", "bf16", "fp32"), help="auto: bf16 GPU, fp32 CPU")
+
+    @property
+    def swaps_memory(self) -> bool:
+        """Whether trainer and engine take turns on the GPUs' memory."""
+        return self.colocate and self.colocate_memory == "release"
 
     @property
     def actor_num_gpus(self) -> int:
@@ -96,6 +108,8 @@ class PlacementConfig:
                 f"--rollout-num-gpus {self.rollout_num_gpus} must be divisible by "
                 f"--rollout-num-gpus-per-engine {per_engine}"
             )
+        if self.colocate_memory == "keep" and not self.colocate:
+            yield "--colocate-memory keep needs --colocate (apart, nothing is swapped anyway)"
         if self.colocate and self.rollout_num_gpus != self.actor_num_gpus:
             yield (
                 f"--colocate shares the actor's {self.actor_num_gpus} GPU(s); "

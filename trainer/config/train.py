@@ -96,6 +96,11 @@ class TrainConfig:
                 f"--overlong-buffer-len must be in (0, --rollout-max-response-len "
                 f"{rollout.rollout_max_response_len}] (got {buffer})"
             )
+        if self.lora.lora_base_cpu_backup and self.placement.colocate_memory == "keep":
+            yield (
+                "--lora-base-cpu-backup backs the engine's weights up while it releases its "
+                "memory, which --colocate-memory keep never does; drop one of them"
+            )
         yield from self._batch_problems()
         yield from self._parallel_problems()
 
