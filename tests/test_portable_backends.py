@@ -234,6 +234,7 @@ def test_adapter_reaches_the_engine_in_memory(model_dir):
         trainer.train_step([batch], loss_for(batch, trainer))
     adapter = trainer.export_adapter()
     assert adapter.version == 2
+    assert {t.dtype for t in adapter.tensors.values()} == {torch.float32}  # the fp32 engine's
     assert all(".lora_A." in k or ".lora_B." in k for k in adapter.tensors)
     engine.load_adapter(adapter)
     assert engine.adapter_version == 2
@@ -435,7 +436,9 @@ def test_bf16_training_computes_the_adapter_in_bf16_as_the_engine_serves_it(mode
     _, batch = batch_of(engine, [1.0, 0.0, -1.0])
     trained = trainer.forward(batch, with_adapter=True).logprobs
     bf16_engine = HFRolloutEngine(model_dir, dtype="bf16")
-    bf16_engine.load_adapter(trainer.export_adapter())
+    adapter = trainer.export_adapter()
+    assert {t.dtype for t in adapter.tensors.values()} == {torch.bfloat16}  # the engine's dtype
+    bf16_engine.load_adapter(adapter)
     scored = torch.tensor(bf16_engine.score(batch.input_ids[0].tolist())[0])
     response = batch.loss_mask[0] > 0
     torch.testing.assert_close(scored[response], trained[0][response], rtol=0, atol=1e-5)

@@ -260,10 +260,14 @@ class PeftPolicyTrainer:
             offset += grad.numel()
 
     def export_adapter(self) -> LoraAdapter:
+        """The adapter in the rollout engines' dtype: they run the same resolved ``--dtype`` as
+        this trainer's compute dtype (bf16 on GPUs: half the bytes of the float32 master copy
+        to copy and send; the engines would round to it on loading anyway), cast before it
+        leaves the device."""
         from peft import get_peft_model_state_dict
 
         tensors = {
-            name: tensor.detach().to("cpu", copy=True)
+            name: tensor.detach().to(self.compute_dtype).to("cpu", copy=True)
             for name, tensor in get_peft_model_state_dict(self.model).items()
         }
         config = _json_safe(self.model.peft_config["default"].to_dict())
