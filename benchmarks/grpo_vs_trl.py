@@ -89,8 +89,12 @@ SGLANG_FLAGS = (
     "--sglang-log-level warning"
 )
 # ours' colocated memory (`--ours-memory`): swapped around training with the base backed up on
-# the host, as the recipes run it, or both sides resident all along
-OURS_MEMORY = {"release": ["--lora-base-cpu-backup"], "keep": ["--colocate-memory", "keep"]}
+# the host, as the recipes run it, both sides resident all along, or train.py's estimate picks
+OURS_MEMORY = {
+    "release": ["--lora-base-cpu-backup"],
+    "keep": ["--colocate-memory", "keep"],
+    "auto": ["--colocate-memory", "auto", "--lora-base-cpu-backup"],
+}
 
 
 @dataclass
@@ -366,10 +370,17 @@ def ours_argv(spec: Spec, steps: int) -> list[str]:
     return argv + spec.ours_flags
 
 
+def device_total_memory(device: str) -> int:
+    import torch
+
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
 class Ours:
     def __init__(self, spec: Spec, steps: int) -> None:
         from transformers import AutoTokenizer
 
+        from trainer import colocate_memory
         from trainer.arguments import parse_args
         from trainer.backends import registry
         from trainer.backends.colocate import Colocation
@@ -378,8 +389,14 @@ class Ours:
         from trainer.metrics import MetricsLogger
 
         self.spec = spec
-        args = parse_args(ours_argv(spec, steps))
         device = "cuda:0" if spec.device.startswith("cuda") else "cpu"
+        args = parse_args(ours_argv(spec, steps))
+        args = colocate_memory.resolve(
+            args,
+            colocate_memory.model_shape_for(args),
+            device=device.split(":")[0],
+            device_total=lambda: device_total_memory(device),
+        )
         tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
         colocation = Colocation.start_engines_first(
             lambda: registry.create_rollout(args, device),
@@ -854,8 +871,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         "--ours-memory",
         choices=tuple(OURS_MEMORY),
         default="release",
-        help="ours' colocated GPU memory: swapped around training (release, as the recipes) "
-        "or engine and trainer both resident (keep)",
+        help="ours' colocated GPU memory: swapped around training (release, as the recipes), "
+        "engine and trainer both resident (keep), or train.py's estimate decides (auto)",
     )
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")

@@ -225,3 +225,11 @@ def test_ours_memory_sets_a_consistent_colocation(bench, memory, swaps, backup):
     assert args.placement.colocate
     assert args.placement.swaps_memory is swaps
     assert args.lora.lora_base_cpu_backup is backup
+
+
+def test_ours_memory_auto_leaves_the_choice_to_train_py(bench):
+    from trainer.arguments import parse_args
+
+    args = parse_args(bench.ours_argv(full_spec(bench, work="/w", ours_memory="auto"), steps=1))
+    assert args.placement.colocate and args.placement.colocate_memory == "auto"
+    assert args.lora.lora_base_cpu_backup  # for when it releases

@@ -390,6 +390,11 @@ def run_train_py(*argv: str, env: dict[str, str] | None = None) -> subprocess.Co
         (["--no-such-flag", "1"], "unrecognized argument --no-such-flag"),
         (["--rollout-batch-size", "3", "--global-batch-size", "8"], "must be a multiple"),
         (["--colocate-memory", "keep"], "--colocate-memory keep needs --colocate"),
+        (["--colocate-memory", "auto"], "--colocate-memory auto needs --colocate"),
+        (
+            ["--colocate", "--colocate-memory", "auto", "--rollout-backend", "sglang"],
+            "--colocate-memory auto weighs the engine's --sglang-mem-fraction-static",
+        ),
         (
             ["--colocate", "--colocate-memory", "keep", "--lora-base-cpu-backup"],
             "which --colocate-memory keep never does; drop one of them",
@@ -401,6 +406,27 @@ def test_bad_argv_is_one_line_and_exit_2(argv, message):
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("train.py: error: ")
     assert message in done.stderr and done.stdout == ""
+
+
+def test_auto_without_safetensors_stops_before_ray_starts(tiny_dirs, tmp_path):
+    model, data = tiny_dirs
+    unsized = tmp_path / "unsized"
+    unsized.mkdir()
+    for path in model.iterdir():
+        if path.suffix != ".safetensors":
+            (unsized / path.name).write_bytes(path.read_bytes())
+    ray_tmp = tmp_path / "ray"
+    ray_tmp.mkdir()
+    done = run_train_py(
+        *recipe_argv(unsized, data, tmp_path, "--colocate", "--colocate-memory", "auto"),
+        env={"RAY_TMPDIR": str(ray_tmp)},
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"train.py: error: --colocate-memory auto: {unsized}: no *.safetensors files to size "
+        "the model from; choose release or keep"
+    ]
+    assert not any(ray_tmp.iterdir())
 
 
 def test_bad_inputs_stop_before_ray_starts(tiny_dirs, tmp_path):

@@ -126,9 +126,10 @@ def _colocation_note(placement: PlacementConfig) -> str:
 
 def run(config: TrainConfig) -> int:
     started = time.time()
-    from trainer import preflight
+    from trainer import colocate_memory, preflight
 
     tokenizer, source, eval_sets = check_inputs(config)
+    shape = colocate_memory.model_shape_for(config)
     preflight.run(config.placement)
 
     import ray
@@ -150,6 +151,13 @@ def run(config: TrainConfig) -> int:
     updates = rollout.samples // config.batch.global_batch_size
     layout = _init_ray(config.placement)
     try:
+        train_python = config.placement.train_python
+        config = colocate_memory.resolve(
+            config,
+            shape,
+            device=layout.device,
+            device_total=lambda: placement.device_total_memory(train_python),
+        )
         print(
             f"train.py: {num_rollout} rollouts x {rollout.rollout_batch_size} prompts x "
             f"{rollout.n_samples_per_prompt} samples on {layout.device}: "

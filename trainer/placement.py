@@ -83,6 +83,20 @@ def resolve_device(placement: PlacementConfig, cluster: dict[str, float]) -> str
     return "cuda" if cluster.get("GPU", 0) >= placement.actor_num_gpus else "cpu"
 
 
+def device_total_memory(python: str | None) -> int:
+    """Total memory of one of the cluster's GPUs (bytes), measured by a Ray task on a GPU in the
+    training ranks' interpreter (`python`, ``--train-python``), before the job reserves them."""
+    import ray
+
+    def total() -> int:
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+
+    task = ray.remote(num_gpus=1, num_cpus=0)(total)
+    return int(ray.get(task.options(**runtime_env(python)).remote()))
+
+
 def check_resources(layout: Layout, cluster: dict[str, float]) -> None:
     short = {
         k: (v, cluster.get(k, 0.0)) for k, v in layout.needs().items() if cluster.get(k, 0) < v

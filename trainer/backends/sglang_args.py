@@ -312,7 +312,14 @@ def coerce_extra(
 
 def problems(config: TrainConfig) -> Iterator[str]:
     """The registry's check of ``--rollout-backend sglang``: every ``--sglang-*`` extra is a
-    ServerArgs field of the right type."""
+    ServerArgs field of the right type; ``--colocate-memory auto`` knows the engine's reservation
+    (``--sglang-mem-fraction-static``)."""
+    fraction = config.sglang.sglang_mem_fraction_static
+    if config.placement.colocate_memory == "auto" and fraction is None:
+        yield (
+            "--colocate-memory auto weighs the engine's --sglang-mem-fraction-static against "
+            "the trainer's needs: set it (SGLang's own default takes most of the GPU)"
+        )
     if not config.sglang.sglang_extra:
         return  # reading the field types may import SGLang: only for extras to check
     try:

@@ -25,10 +25,11 @@ class PlacementConfig:
     colocate: bool = flag(False)
     colocate_memory: str = flag(
         "release",
-        choices=("release", "keep"),
+        choices=("auto", "release", "keep"),
         help="colocated, whether trainer and engine hand the GPU memory to each other between "
         "rollout and training (release) or both stay resident (keep: no swaps, where the "
-        "engine's --sglang-mem-fraction-static leaves the trainer room)",
+        "engine's --sglang-mem-fraction-static leaves the trainer room); auto: keep where an "
+        "estimate of both fits the GPU, decided at start",
     )
     train_python: str | None = flag(
         None,
@@ -44,7 +45,10 @@ class PlacementConfig:
 
     @property
     def swaps_memory(self) -> bool:
-        """Whether trainer and engine take turns on the GPUs' memory."""
+        """Whether trainer and engine take turns on the GPUs' memory (``auto`` is decided at
+        start, `trainer.colocate_memory`, before anything asks)."""
+        if self.colocate and self.colocate_memory == "auto":
+            raise ValueError("--colocate-memory auto is undecided until the job measures its GPU")
         return self.colocate and self.colocate_memory == "release"
 
     @property
@@ -108,8 +112,11 @@ class PlacementConfig:
                 f"--rollout-num-gpus {self.rollout_num_gpus} must be divisible by "
                 f"--rollout-num-gpus-per-engine {per_engine}"
             )
-        if self.colocate_memory == "keep" and not self.colocate:
-            yield "--colocate-memory keep needs --colocate (apart, nothing is swapped anyway)"
+        if self.colocate_memory != "release" and not self.colocate:
+            yield (
+                f"--colocate-memory {self.colocate_memory} needs --colocate (apart, nothing is "
+                "swapped anyway)"
+            )
         if self.colocate and self.rollout_num_gpus != self.actor_num_gpus:
             yield (
                 f"--colocate shares the actor's {self.actor_num_gpus} GPU(s); "

@@ -1,0 +1,159 @@
+"""``--colocate-memory auto``: the estimate (pure arithmetic), the model's shape from its files,
+and the decision the job takes at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer import colocate_memory, memory_estimate, model_shape, tiny
+from trainer.arguments import parse_args
+from trainer.backends import registry
+from trainer.memory_estimate import GIB, ModelShape
+
+# Qwen3-0.6B: 0.6 B parameters (tied embeddings), hidden 1024, 28 layers, 8 KV heads of 128.
+QWEN3_0_6B = ModelShape(
+    parameters=596_049_920,
+    lora_parameters=10_092_544,
+    hidden_size=1024,
+    num_layers=28,
+    vocab_size=151_936,
+    kv_bytes_per_token_16bit=2 * 28 * 8 * 128 * 2,
+)
+H200 = 140 * GIB
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tiny")
+    tiny.build(root / "model", root / "data", seed=0)
+    return root / "model"
+
+
+def argv(model: Path, *extra: str) -> list[str]:
+    return [
+        "--hf-checkpoint", str(model), "--prompt-data", "p.jsonl", "--lora-rank", "4",
+        "--rollout-max-response-len", "256", "--micro-batch-size", "2", *extra,
+    ]  # fmt: skip
+
+
+def test_trainer_memory_adds_weights_lora_states_activations_and_logits():
+    shape = ModelShape(
+        1000, 10, hidden_size=8, num_layers=3, vocab_size=50, kv_bytes_per_token_16bit=0
+    )
+    memory = memory_estimate.trainer_memory(
+        shape, dtype_bytes=2, tokens=4, gradient_checkpointing=False
+    )
+    assert memory == memory_estimate.TrainerMemory(
+        weights=2000, lora_states=160, activations=34 * 4 * 8 * 3, logits=2 * 4 * 50 * 4
+    )
+    assert memory.total == 2000 + 160 + 3264 + 1600
+    fp32 = memory_estimate.trainer_memory(
+        shape, dtype_bytes=4, tokens=4, gradient_checkpointing=False
+    )
+    assert (fp32.weights, fp32.activations) == (4000, 2 * 3264)
+    recomputed = memory_estimate.trainer_memory(
+        shape, dtype_bytes=2, tokens=4, gradient_checkpointing=True
+    )
+    assert recomputed.activations == 34 * 4 * 8 + 3 * 4 * 8 * 2
+
+
+def test_the_benchmark_shape_keeps_both_resident_on_an_h200():
+    """0.6B, 512-token samples in micro-batches of 8, SGLang reserving 15%: about 31 GiB of
+    140, so no swaps."""
+    trainer = memory_estimate.trainer_memory(
+        QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512, gradient_checkpointing=False
+    )
+    engine = memory_estimate.static_engine_memory(0.15, H200)
+    plan = memory_estimate.plan(trainer, engine=engine, engine_source="15%", device_total=H200)
+    assert plan.keep and plan.mode == "keep"
+    assert 30 * GIB < plan.needed < 32 * GIB
+    assert plan.line().startswith("--colocate-memory auto: keep (trainer ")
+    assert "140.00 GiB with 10% kept free" in plan.line()
+
+
+def test_a_device_too_small_for_both_releases():
+    trainer = memory_estimate.trainer_memory(
+        QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512, gradient_checkpointing=False
+    )
+    engine = memory_estimate.static_engine_memory(0.85, 24 * GIB)
+    plan = memory_estimate.plan(trainer, engine=engine, engine_source="85%", device_total=24 * GIB)
+    assert not plan.keep and plan.mode == "release"
+    assert plan.needed > plan.available
+
+
+def test_a_resident_engine_holds_its_weights_and_its_samples_kv_cache():
+    bf16 = memory_estimate.resident_engine_memory(
+        QWEN3_0_6B, dtype_bytes=2, sequences=64, sequence_tokens=512
+    )
+    assert bf16 == 596_049_920 * 2 + 114_688 * 64 * 512
+
+
+def test_the_model_shape_is_read_from_the_checkpoint_files(model):
+    """Parameters and LoRA parameters as torch and PEFT count them, from the files alone."""
+    from trainer.backends.peft_trainer import create
+
+    config = parse_args(argv(model, "--device", "cpu"))
+    shape = model_shape.read(model, lora_rank=4, lora_targets=registry.adapter_targets(config).hf)
+    trainer = create(config, "cpu", total_steps=1)
+    base = trainer.model.get_base_model()
+    frozen = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
+    assert shape.parameters == frozen
+    assert shape.lora_parameters == sum(p.numel() for p in trainer.params)
+    assert (shape.hidden_size, shape.num_layers) == (64, 2)
+    assert shape.kv_bytes_per_token_16bit == 2 * 2 * 2 * 16 * 2
+
+
+def test_a_checkpoint_without_safetensors_cannot_be_sized(model, tmp_path):
+    (tmp_path / "config.json").write_text((model / "config.json").read_text())
+    config = parse_args(argv(tmp_path, "--colocate", "--colocate-memory", "auto"))
+    with pytest.raises(colocate_memory.UsageError, match=r"no \*\.safetensors files"):
+        colocate_memory.model_shape_for(config)
+
+
+def test_auto_is_decided_at_start_from_the_gpus_memory(model, capsys):
+    config = parse_args(argv(model, "--colocate", "--colocate-memory", "auto", "--device", "cuda"))
+    with pytest.raises(ValueError, match="undecided"):
+        _ = config.placement.swaps_memory
+    shape = colocate_memory.model_shape_for(config)
+    big = colocate_memory.resolve(config, shape, device="cuda", device_total=lambda: H200)
+    assert big.placement.colocate_memory == "keep" and not big.placement.swaps_memory
+    assert "--colocate-memory auto: keep (trainer" in capsys.readouterr().out
+    tiny_gpu = colocate_memory.resolve(config, shape, device="cuda", device_total=lambda: 2**20)
+    assert tiny_gpu.placement.colocate_memory == "release" and tiny_gpu.placement.swaps_memory
+    assert "--colocate-memory auto: release (trainer" in capsys.readouterr().out
+
+
+def test_auto_on_the_cpu_keeps_without_measuring(model, capsys):
+    config = parse_args(argv(model, "--colocate", "--colocate-memory", "auto", "--device", "cpu"))
+
+    def never() -> int:
+        raise AssertionError("the CPU has no GPU memory to measure")
+
+    kept = colocate_memory.resolve(config, None, device="cpu", device_total=never)
+    assert kept.placement.colocate_memory == "keep"
+    assert capsys.readouterr().out == (
+        "train.py: --colocate-memory auto: keep (on the CPU nothing is swapped)\n"
+    )
+
+
+def test_release_and_keep_are_left_as_given(model):
+    for mode in ("release", "keep"):
+        config = parse_args(argv(model, "--colocate", "--colocate-memory", mode))
+        assert colocate_memory.model_shape_for(config) is None
+        assert colocate_memory.resolve(config, None, device="cuda", device_total=int) is config
+
+
+SGLANG_AUTO = (
+    "--colocate", "--colocate-memory", "auto", "--rollout-backend", "sglang",
+    "--sglang-mem-fraction-static", "0.5",
+)  # fmt: skip
+
+
+def test_sglang_engines_weigh_their_static_fraction(model):
+    config = parse_args(argv(model, *SGLANG_AUTO))
+    shape = colocate_memory.model_shape_for(config)
+    plan = colocate_memory.estimate(config, shape, device_total=8 * GIB)
+    assert plan.engine == 4 * GIB
+    assert "--sglang-mem-fraction-static 0.5 of the GPU" in plan.line()

@@ -1,0 +1,118 @@
+"""``--colocate-memory auto`` decided at job start: keep both resident or release, from the
+estimate of `trainer.memory_estimate` over the model, the batches and the device's memory.
+
+The model is sized before Ray starts (`model_shape_for`: a checkpoint without safetensors is a
+usage error); the decision comes once the job knows its device (`resolve`). It returns the
+config with ``release`` or ``keep`` in place of ``auto``: the engines, the trainers and the loop
+only ever see one of those.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from trainer import memory_estimate, model_shape
+from trainer.arguments import PROG
+from trainer.backends import registry
+from trainer.config import TrainConfig
+from trainer.errors import UsageError
+from trainer.memory_estimate import MemoryPlan, ModelShape
+
+
+def undecided(config: TrainConfig) -> bool:
+    return config.placement.colocate and config.placement.colocate_memory == "auto"
+
+
+def model_shape_for(config: TrainConfig) -> ModelShape | None:
+    """The model's shape where ``auto`` has to weigh it, else None. Raises `UsageError`."""
+    if not undecided(config):
+        return None
+    try:
+        return model_shape.read(
+            Path(config.checkpoint.hf_checkpoint),
+            lora_rank=config.lora.lora_rank,
+            lora_targets=registry.adapter_targets(config).hf,
+        )
+    except model_shape.ModelShapeError as err:
+        raise UsageError(f"--colocate-memory auto: {err}; choose release or keep") from None
+
+
+def sequence_tokens(config: TrainConfig) -> int:
+    """The longest sample: prompt (``--rollout-max-prompt-len``, else taken as long as the
+    response) plus response."""
+    response = config.rollout.rollout_max_response_len
+    prompt = config.data.rollout_max_prompt_len or response
+    return prompt + response
+
+
+def micro_batch_tokens(config: TrainConfig) -> int:
+    megatron = config.megatron
+    if (
+        config.placement.train_backend == "megatron"
+        and megatron.use_dynamic_batch_size
+        and megatron.max_tokens_per_gpu
+    ):
+        return megatron.max_tokens_per_gpu
+    return config.batch.micro_batch_size * sequence_tokens(config)
+
+
+def recomputes(config: TrainConfig) -> bool:
+    if config.placement.train_backend == "megatron":
+        return config.megatron.recompute_granularity is not None
+    return config.torch.gradient_checkpointing
+
+
+def estimate(config: TrainConfig, shape: ModelShape, *, device_total: int) -> MemoryPlan:
+    """The plan for one GPU of `device_total` bytes."""
+    dtype_bytes = 4 if config.placement.resolve_dtype("cuda") == "fp32" else 2
+    trainer = memory_estimate.trainer_memory(
+        shape,
+        dtype_bytes=dtype_bytes,
+        tokens=micro_batch_tokens(config),
+        gradient_checkpointing=recomputes(config),
+    )
+    fraction = config.sglang.sglang_mem_fraction_static
+    if config.placement.rollout_backend == "sglang" and fraction is not None:
+        engine = memory_estimate.static_engine_memory(fraction, device_total)
+        source = f"--sglang-mem-fraction-static {fraction:g} of the GPU"
+    else:
+        rollout, placement = config.rollout, config.placement
+        engines = (placement.rollout_num_gpus or 1) // placement.rollout_num_gpus_per_engine
+        samples = rollout.over_sampling_batch_size * rollout.n_samples_per_prompt
+        sequences = math.ceil(samples / engines)
+        engine = memory_estimate.resident_engine_memory(
+            shape,
+            dtype_bytes=dtype_bytes,
+            sequences=sequences,
+            sequence_tokens=sequence_tokens(config),
+        )
+        source = f"weights and the KV cache of {sequences} samples"
+    return memory_estimate.plan(
+        trainer, engine=engine, engine_source=source, device_total=device_total
+    )
+
+
+def resolve(
+    config: TrainConfig,
+    shape: ModelShape | None,
+    *,
+    device: str,
+    device_total: Callable[[], int],
+) -> TrainConfig:
+    """`config` with ``auto`` decided (one line printed); `device_total` measures a GPU's
+    memory, called only where the GPU is weighed. On the CPU nothing is swapped: keep."""
+    if not undecided(config):
+        return config
+    if device == "cpu":
+        mode = "keep"
+        print(f"{PROG}: --colocate-memory auto: keep (on the CPU nothing is swapped)", flush=True)
+    elif shape is None:
+        raise ValueError("--colocate-memory auto on a GPU weighs the model's shape: none given")
+    else:
+        memory_plan = estimate(config, shape, device_total=device_total())
+        mode = memory_plan.mode
+        print(f"{PROG}: {memory_plan.line()}", flush=True)
+    return replace(config, placement=replace(config.placement, colocate_memory=mode))

@@ -1,0 +1,144 @@
+"""Whether a colocated trainer and rollout engine fit one device together (``--colocate-memory
+auto``): pure arithmetic over sizes, no torch and no device; the device's total memory is passed
+in.
+
+The trainer's estimate, per device (conservative: no tensor/pipeline split of the weights):
+
+* the base weights in the training dtype (frozen: no gradient, no optimizer state);
+* the LoRA parameters in float32 (PEFT's master copy), their float32 gradients and Adam's two
+  float32 moments: 16 bytes per LoRA parameter;
+* activations kept for backward: 34 x tokens x hidden bytes per decoder layer in 16-bit
+  (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+  without the attention-score term that fused attention never stores), twice that in float32;
+  with gradient checkpointing one layer's worth plus each layer's input;
+* the logits of a micro-batch in float32, twice (the values and their gradient).
+
+A micro-batch holds ``--micro-batch-size`` sequences of the longest prompt plus the longest
+response (or ``--max-tokens-per-gpu`` tokens with dynamic batching).
+
+The engine's share: SGLang reserves ``--sglang-mem-fraction-static`` of the device's total
+memory for its weights and KV cache; the transformers engine holds its weights and the KV cache
+of its samples. Both resident fit when trainer + engine leave `MARGIN` of the device free (CUDA
+context, NCCL buffers, allocator fragmentation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 2**30
+MARGIN = 0.10
+LORA_BYTES_PER_PARAM = 4 + 4 + 2 * 4  # float32 weight, gradient, Adam's two moments
+ACTIVATION_BYTES_PER_TOKEN_HIDDEN_16BIT = 34
+LOGIT_COPIES = 2  # float32 logits and their gradient
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs of the model (`trainer.model_shape` reads it from a checkpoint)."""
+
+    parameters: int
+    lora_parameters: int
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    kv_bytes_per_token_16bit: int  # K and V of one token over all layers, in 16-bit
+
+
+@dataclass(frozen=True)
+class TrainerMemory:
+    weights: int
+    lora_states: int
+    activations: int
+    logits: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.lora_states + self.activations + self.logits
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    keep: bool
+    trainer: TrainerMemory
+    engine: int
+    engine_source: str  # how the engine's share was reckoned
+    device_total: int
+
+    @property
+    def available(self) -> int:
+        return int(self.device_total * (1 - MARGIN))
+
+    @property
+    def needed(self) -> int:
+        return self.trainer.total + self.engine
+
+    @property
+    def mode(self) -> str:
+        return "keep" if self.keep else "release"
+
+    def line(self) -> str:
+        t = self.trainer
+        return (
+            f"--colocate-memory auto: {self.mode} (trainer {gib(t.total)} GiB = weights "
+            f"{gib(t.weights)} + LoRA with grads and Adam {gib(t.lora_states)} + activations "
+            f"{gib(t.activations)} + logits {gib(t.logits)}; engine {gib(self.engine)} GiB "
+            f"({self.engine_source}); {gib(self.needed)} GiB needed, "
+            f"{gib(self.available)} GiB usable of {gib(self.device_total)} GiB with "
+            f"{MARGIN:.0%} kept free)"
+        )
+
+
+def gib(size: int) -> str:
+    return f"{size / GIB:.2f}"
+
+
+def trainer_memory(
+    shape: ModelShape,
+    *,
+    dtype_bytes: int,
+    tokens: int,
+    gradient_checkpointing: bool,
+) -> TrainerMemory:
+    """`tokens`: of one micro-batch; `dtype_bytes`: of the training dtype (2 bf16, 4 fp32)."""
+    per_layer = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens * shape.hidden_size
+    per_layer = per_layer * dtype_bytes // 2
+    if gradient_checkpointing:
+        layer_inputs = shape.num_layers * tokens * shape.hidden_size * dtype_bytes
+        activations = per_layer + layer_inputs
+    else:
+        activations = per_layer * shape.num_layers
+    return TrainerMemory(
+        weights=shape.parameters * dtype_bytes,
+        lora_states=shape.lora_parameters * LORA_BYTES_PER_PARAM,
+        activations=activations,
+        logits=LOGIT_COPIES * tokens * shape.vocab_size * 4,
+    )
+
+
+def static_engine_memory(mem_fraction_static: float, device_total: int) -> int:
+    """SGLang's reservation: its weights and KV cache within that fraction of the device."""
+    return int(mem_fraction_static * device_total)
+
+
+def resident_engine_memory(
+    shape: ModelShape, *, dtype_bytes: int, sequences: int, sequence_tokens: int
+) -> int:
+    """An engine without a static reservation: its weights and the KV cache of `sequences`
+    sequences of `sequence_tokens` tokens."""
+    kv = shape.kv_bytes_per_token_16bit * dtype_bytes // 2 * sequences * sequence_tokens
+    return shape.parameters * dtype_bytes + kv
+
+
+def plan(
+    trainer: TrainerMemory, *, engine: int, engine_source: str, device_total: int
+) -> MemoryPlan:
+    """Keep both resident where they fit the device less `MARGIN`; else release."""
+    fits = trainer.total + engine <= int(device_total * (1 - MARGIN))
+    return MemoryPlan(
+        keep=fits,
+        trainer=trainer,
+        engine=engine,
+        engine_source=engine_source,
+        device_total=device_total,
+    )

@@ -1,0 +1,69 @@
+"""A checkpoint's `ModelShape` for the memory estimate, from files alone (no torch): the sizes
+from ``config.json``, the exact parameter count from the ``*.safetensors`` headers (an 8-byte
+little-endian length, then a JSON table of every tensor's shape)."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainer.memory_estimate import ModelShape
+
+
+class ModelShapeError(ValueError):
+    """The checkpoint does not say how large the model is (one line)."""
+
+
+def tensor_shapes(model_dir: Path) -> Iterator[tuple[str, list[int]]]:
+    """(name, shape) of every tensor in the checkpoint's safetensors files."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelShapeError(f"{model_dir}: no *.safetensors files to size the model from")
+    for path in files:
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                yield name, list(entry["shape"])
+
+
+def lora_parameters(
+    shapes: Sequence[tuple[str, list[int]]], rank: int, targets: Sequence[str]
+) -> int:
+    """LoRA A and B of every 2-D ``<target>.weight`` [out, in]: rank x (in + out) each."""
+    wanted = set(targets)
+    return sum(
+        rank * (shape[0] + shape[1])
+        for name, shape in shapes
+        if len(shape) == 2 and name.endswith(".weight") and name.split(".")[-2] in wanted
+    )
+
+
+def _text_config(model_dir: Path) -> dict[str, Any]:
+    config = json.loads((model_dir / "config.json").read_text())
+    return config.get("text_config", config)
+
+
+def read(model_dir: Path, *, lora_rank: int, lora_targets: Sequence[str]) -> ModelShape:
+    shapes = list(tensor_shapes(model_dir))
+    config = _text_config(model_dir)
+    try:
+        hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+        heads, vocab = config["num_attention_heads"], config["vocab_size"]
+    except KeyError as err:
+        raise ModelShapeError(f"{model_dir}/config.json lacks {err.args[0]}") from None
+    head_dim = config.get("head_dim") or hidden // heads
+    kv_heads = config.get("num_key_value_heads") or heads
+    return ModelShape(
+        parameters=sum(math.prod(shape) for _, shape in shapes),
+        lora_parameters=lora_parameters(shapes, lora_rank, lora_targets),
+        hidden_size=hidden,
+        num_layers=layers,
+        vocab_size=vocab,
+        kv_bytes_per_token_16bit=2 * layers * kv_heads * head_dim * 2,
+    )
