@@ -1,15 +1,16 @@
 """A checkpoint's `ModelShape` for the memory estimate, from files alone (no torch): the sizes
-from ``config.json``, the exact parameter count from the ``*.safetensors`` headers (an 8-byte
-little-endian length, then a JSON table of every tensor's shape)."""
+from ``config.json``, the exact parameter count from the ``*.safetensors`` headers (safetensors
+reads only the header for a tensor's shape)."""
 
 from __future__ import annotations
 
 import json
 import math
-import struct
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from safetensors import safe_open
 
 from trainer.memory_estimate import ModelShape
 
@@ -24,12 +25,9 @@ def tensor_shapes(model_dir: Path) -> Iterator[tuple[str, list[int]]]:
     if not files:
         raise ModelShapeError(f"{model_dir}: no *.safetensors files to size the model from")
     for path in files:
-        with path.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                yield name, list(entry["shape"])
+        with safe_open(str(path), framework="numpy") as tensors:
+            for name in tensors.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                yield name, list(tensors.get_slice(name).get_shape())
 
 
 def lora_parameters(

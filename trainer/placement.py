@@ -94,7 +94,15 @@ def device_total_memory(python: str | None) -> int:
         return int(torch.cuda.get_device_properties(0).total_memory)
 
     task = ray.remote(num_gpus=1, num_cpus=0)(total)
-    return int(ray.get(task.options(**runtime_env(python)).remote()))
+    try:
+        return int(
+            ray.get(task.options(**runtime_env(python)).remote(), timeout=PLACEMENT_TIMEOUT_S)
+        )
+    except ray.exceptions.GetTimeoutError:
+        raise PlacementError(
+            f"--colocate-memory auto: no GPU free within {PLACEMENT_TIMEOUT_S:.0f} s to measure "
+            "its memory (is another job holding the devices?)"
+        ) from None
 
 
 def check_resources(layout: Layout, cluster: dict[str, float]) -> None:
