@@ -53,7 +53,7 @@ from harness.private_files import (
 from harness.run_tag import JOB_ENV_FILE, TAG_VAR, TEMP_ROOT, RunTag
 
 _GRACE_S = 5.0  # then SIGKILL: the GCS and raylet may not end on SIGTERM at all
-_TRAINER = re.compile(r"(^|[\s/])train\.py(\s|$)|sglang")
+_INTERPRETER = re.compile(r"python[\d.]*")
 _VISIBILITY = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
@@ -93,7 +93,7 @@ class Seen:
         for keyword, by_name in RAY_PROCESSES:
             if keyword in (self.name if by_name else self.cmdline):
                 return "Ray"
-        return "trainer" if _TRAINER.search(self.cmdline) else None
+        return "trainer" if runs_trainer(self.cmdline) else None
 
     def devices(self, on_gpus: Callable[[], GpuMap | None]) -> frozenset[str] | None:
         """The GPU ids it may use: its visibility variable; else, when its environment cannot
@@ -106,6 +106,33 @@ class Seen:
             if name in self.environ:
                 return frozenset(d.strip() for d in self.environ[name].split(",") if d.strip())
         return None
+
+
+def runs_trainer(cmdline: str) -> bool:
+    """Whether a command line runs a trainer or an SGLang server: a Python interpreter running
+    a ``train.py`` script or an ``sglang`` module, SGLang's console script, or one of SGLang's
+    own processes (titled ``sglang::...``).
+
+    What a command merely mentions does not count: a shell installing ``.whl/sglang/batch-1``,
+    an editor on ``train.py`` or a ``tail -f`` of an SGLang log holds no GPU.
+    """
+    words = cmdline.split()
+    if not words:
+        return False
+    program = os.path.basename(words[0])
+    if words[0].startswith("sglang::") or program == "sglang":
+        return True
+    if not _INTERPRETER.fullmatch(program):
+        return False
+    arguments = iter(words[1:])
+    for word in arguments:
+        if word == "-c":
+            return False
+        if word == "-m":
+            return next(arguments, "").split(".")[0] == "sglang"
+        if not word.startswith("-"):
+            return os.path.basename(word) == "train.py"
+    return False
 
 
 def processes() -> list[Seen]:

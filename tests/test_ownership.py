@@ -78,6 +78,38 @@ def test_foreign_holders_of_the_requested_gpus(spawned):
     assert holders("cpu") == set()
 
 
+@pytest.mark.parametrize(
+    ("cmdline", "trainer"),
+    [
+        ("python3 train.py --rollout-batch-size 8", True),
+        ("/usr/bin/python3.12 -u /tmp/job/train.py", True),
+        ("python -m sglang.launch_server --model-path m", True),
+        ("sglang::scheduler_TP0", True),
+        ("/opt/venv/bin/sglang serve --model-path m", True),
+        ("bash -c bash .dev/install.sh sglang .whl/sglang/batch-1 && pytest", False),
+        ("vim trainer/backends/sglang_rollout.py", False),
+        ("tail -f /tmp/run/sglang.log", False),
+        ("python3 -m pytest tests/test_train.py", False),
+        ("python3 -c import train.py", False),
+        ("less train.py", False),
+        ("", False),
+    ],
+)
+def test_a_trainer_is_what_runs_not_what_is_mentioned(cmdline, trainer):
+    assert ownership.runs_trainer(cmdline) is trainer
+
+
+def test_a_shell_that_mentions_sglang_holds_no_gpu(spawned):
+    """As seen on a GPU node: the shell that installed SGLang's wheelhouse and then ran the
+    launcher's test was taken for an SGLang server on every GPU, and the claim refused."""
+    shell = spawned("bash -c bash .dev/install.sh sglang .whl/sglang/batch-1 && pytest")
+    server = spawned("python3 -m sglang.launch_server --model-path m")
+    settle()
+    listed = ownership.foreign_holders(RunTag(LAUNCHER, "all", "r1"), ownership.processes())
+    holders = {int(line.split()[1]) for line in listed}
+    assert server.pid in holders and shell.pid not in holders
+
+
 def test_claim_stops_the_slot_and_nothing_else(spawned):
     run = RunTag(LAUNCHER, "cpu", "r1")
     stale = spawned("ray::IDLE", **{TAG_VAR: str(RunTag(LAUNCHER, "cpu", "r0"))})

@@ -107,3 +107,25 @@ def test_source_distributions_build_against_the_wheels_installed_with_them(tmp_p
     env = {**os.environ, "PYTHONPATH": str(site)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.stdout.strip() == "True", done.stderr
+
+
+def test_wheels_built_from_source_are_kept_to_carry_back(tmp_path, capsys):
+    """A node-built extension (Transformer Engine's: 86 s to compile) is kept, and the next
+    wheelhouse carries that wheel instead of the sdist: nothing builds the second time."""
+    core = make_wheel(tmp_path / "a", "corelib", "1.0", {"corelib.py": b"HEADERS = True\n"})
+    extension = write_sdist(tmp_path / "a", "corelib_ext", "1.0", build_imports=("corelib",))
+    write_batches([core, extension], tmp_path / "wh", batch_mib=1)
+    kept = tmp_path / "kept"
+    batches = map(str, sorted((tmp_path / "wh").glob("batch-*")))
+    site = tmp_path / "site"
+    assert main(["install", *batches, "--target", str(site), "--keep-built", str(kept)]) == 0
+    [built] = kept.glob("*.whl")
+    assert built.name.startswith("corelib_ext-1.0-")
+    assert f"kept in {kept}" in capsys.readouterr().out
+
+    again = tmp_path / "site2"
+    assert install([core, built], tmp_path / "wh2", again) == 0
+    code = "import corelib_ext; print(corelib_ext.BUILT_ON_THE_NODE)"
+    env = {**os.environ, "PYTHONPATH": str(again)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.strip() == "True", done.stderr

@@ -98,6 +98,12 @@ def parser() -> argparse.ArgumentParser:
     ins.add_argument(
         "--stash", type=Path, help="collect batches here first; installs once all have arrived"
     )
+    ins.add_argument(
+        "--keep-built",
+        type=Path,
+        help="copy the wheels built from source distributions here (carry them back and pass "
+        "--find-links to the next build instead of --sdist)",
+    )
     return top
 
 
@@ -160,7 +166,7 @@ def run_build(args: argparse.Namespace) -> None:
 def run_install(args: argparse.Namespace) -> None:
     from wheelhouse.install import install
 
-    print(install(args.batches, args.target, args.stash))
+    print(install(args.batches, args.target, args.stash, args.keep_built))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -142,39 +142,65 @@ def assemble(manifest: dict, folders: list[Path], work: Path) -> list[Path]:
     return wheels
 
 
-def pip_install(files: list[Path], target: Path | None, staging: Path) -> None:
-    """`python -m pip install --no-index --no-deps` the wheels, then the source distributions,
-    into `target` or this environment.
+def pip_install(files: list[Path], target: Path | None, work: Path) -> list[Path]:
+    """`python -m pip install --no-index --no-deps` the wheels, then wheels built from the
+    source distributions, into `target` or this environment; returns the wheels built.
 
-    Source distributions build last, with `--no-build-isolation`: against the node's own
-    torch, setuptools and compilers and against the wheels just installed (Transformer
-    Engine's PyTorch extension builds against its core wheel). A target is filled through
-    `staging` and `merge.merge_into`, file by file, so wheelhouses installed one after another
-    into one target keep each other's files.
+    Source distributions build last (`pip wheel --no-build-isolation`, into `work`): against
+    the node's own torch, setuptools and compilers and against the wheels just installed
+    (Transformer Engine's PyTorch extension builds against its core wheel). A target is filled
+    through a staging folder and `merge.merge_into`, file by file, so wheelhouses installed
+    one after another into one target keep each other's files.
     """
     wheels = [f for f in files if f.name.endswith(".whl")]
     sources = [f for f in files if not f.name.endswith(".whl")]
-    for group, extra in ((wheels, []), (sources, ["--no-build-isolation"])):
-        if not group:
-            continue
-        command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet"]
-        command += extra
-        env = None
-        if target is not None:
-            command += ["--target", str(staging)]
-            paths = [str(target), os.environ.get("PYTHONPATH", "")]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-        command += [str(f) for f in group]
-        if subprocess.run(command, check=False, env=env).returncode != 0:
-            kind = "wheels" if group is wheels else "source distributions"
-            raise WheelhouseError(f"pip could not install the {len(group)} {kind} (see above)")
-        if target is not None:
-            merge_into(staging, target)
-            shutil.rmtree(staging, ignore_errors=True)
+    _install_wheels(wheels, target, work / "staging")
+    if not sources:
+        return []
+    built = work / "built"
+    command = [sys.executable, "-m", "pip", "wheel", "--no-index", "--no-deps", "--quiet"]
+    command += ["--no-build-isolation", "--wheel-dir", str(built), *map(str, sources)]
+    if subprocess.run(command, check=False, env=_with_target(target)).returncode != 0:
+        raise WheelhouseError(
+            f"pip could not build the {len(sources)} source distributions (see above)"
+        )
+    made = sorted(built.glob("*.whl"))
+    _install_wheels(made, target, work / "staging")
+    return made
 
 
-def install(folders: list[Path], target: Path | None, stash_dir: Path | None) -> str:
+def _with_target(target: Path | None) -> dict[str, str] | None:
+    """The environment that puts `target` first on the import path, or None (inherit)."""
+    if target is None:
+        return None
+    paths = [str(target), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+def _install_wheels(wheels: list[Path], target: Path | None, staging: Path) -> None:
+    if not wheels:
+        return
+    command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet"]
+    if target is not None:
+        command += ["--target", str(staging)]
+    command += [str(f) for f in wheels]
+    if subprocess.run(command, check=False, env=_with_target(target)).returncode != 0:
+        raise WheelhouseError(f"pip could not install the {len(wheels)} wheels (see above)")
+    if target is not None:
+        merge_into(staging, target)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def install(
+    folders: list[Path],
+    target: Path | None,
+    stash_dir: Path | None,
+    keep_built: Path | None = None,
+) -> str:
     """Install the batches; with a stash, first add them to it and install once it is complete.
+    With `keep_built`, the wheels built there from source distributions are copied into that
+    folder: carried back, they replace the sdists in the next build (`--find-links`), for nodes
+    with the same Python, torch and CUDA.
 
     Returns the line to print.
     """
@@ -193,8 +219,15 @@ def install(folders: list[Path], target: Path | None, stash_dir: Path | None) ->
     work = Path(tempfile.mkdtemp(prefix="wheelhouse-"))
     try:
         wheels = assemble(manifest, folders, work)
-        pip_install(wheels, target, work / "staging")
+        built = pip_install(wheels, target, work)
+        if keep_built is not None and built:
+            keep_built.mkdir(parents=True, exist_ok=True)
+            for wheel in built:
+                shutil.copy2(wheel, keep_built / wheel.name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     where = str(target) if target is not None else sys.prefix
-    return f"installed {len(wheels)} wheels into {where}"
+    line = f"installed {len(wheels)} wheels into {where}"
+    if keep_built is not None and built:
+        line += f"; {', '.join(w.name for w in built)} built from source, kept in {keep_built}"
+    return line
