@@ -71,6 +71,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.memory_estimate import DeviceMemory
 from trainer.tiny import SHAPES, parity
 
 GIB = 2**30
@@ -370,10 +371,11 @@ def ours_argv(spec: Spec, steps: int) -> list[str]:
     return argv + spec.ours_flags
 
 
-def device_total_memory(device: str) -> int:
+def device_memory(device: str) -> DeviceMemory:
     import torch
 
-    return int(torch.cuda.get_device_properties(device).total_memory)
+    free, total = torch.cuda.mem_get_info(device)
+    return DeviceMemory(free=int(free), total=int(total))
 
 
 class Ours:
@@ -395,7 +397,7 @@ class Ours:
             args,
             colocate_memory.model_shape_for(args),
             device=device.split(":")[0],
-            device_total=lambda: device_total_memory(device),
+            device_memory=lambda: device_memory(device),
         )
         tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
         colocation = Colocation.start_engines_first(

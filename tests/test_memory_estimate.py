@@ -22,6 +22,7 @@ QWEN3_0_6B = ModelShape(
     kv_bytes_per_token_16bit=2 * 28 * 8 * 128 * 2,
 )
 H200 = 140 * GIB
+IDLE_H200 = memory_estimate.DeviceMemory(free=H200 - GIB // 2, total=H200)  # a CUDA context
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,10 @@ def test_trainer_memory_adds_weights_lora_states_activations_and_logits():
     assert recomputed.activations == 34 * 4 * 8 + 3 * 4 * 8 * 2
 
 
+def never_measured() -> memory_estimate.DeviceMemory:
+    raise AssertionError("nothing to measure here")
+
+
 def test_the_benchmark_shape_keeps_both_resident_on_an_h200():
     """0.6B, 512-token samples in micro-batches of 8, SGLang reserving 15%: about 31 GiB of
     140, so no swaps."""
@@ -66,11 +71,24 @@ def test_the_benchmark_shape_keeps_both_resident_on_an_h200():
         QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512, gradient_checkpointing=False
     )
     engine = memory_estimate.static_engine_memory(0.15, H200)
-    plan = memory_estimate.plan(trainer, engine=engine, engine_source="15%", device_total=H200)
+    plan = memory_estimate.plan(trainer, engine=engine, engine_source="15%", device=IDLE_H200)
     assert plan.keep and plan.mode == "keep"
     assert 30 * GIB < plan.needed < 32 * GIB
     assert plan.line().startswith("--colocate-memory auto: keep (trainer ")
-    assert "140.00 GiB with 10% kept free" in plan.line()
+    assert "GiB usable: 139.50 GiB free of 140.00 GiB less 10% of it)" in plan.line()
+
+
+def test_what_others_hold_on_the_gpu_is_not_planned_with():
+    """The same job on an H200 where another process holds 100 GiB: about 26 GiB usable."""
+    trainer = memory_estimate.trainer_memory(
+        QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512, gradient_checkpointing=False
+    )
+    engine = memory_estimate.static_engine_memory(0.15, H200)
+    shared = memory_estimate.DeviceMemory(free=H200 - 100 * GIB, total=H200)
+    plan = memory_estimate.plan(trainer, engine=engine, engine_source="15%", device=shared)
+    assert plan.mode == "release" and plan.available == 26 * GIB
+    busy = memory_estimate.DeviceMemory(free=GIB, total=H200)
+    assert memory_estimate.plan(trainer, engine=0, engine_source="", device=busy).available == 0
 
 
 def test_a_device_too_small_for_both_releases():
@@ -78,7 +96,8 @@ def test_a_device_too_small_for_both_releases():
         QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512, gradient_checkpointing=False
     )
     engine = memory_estimate.static_engine_memory(0.85, 24 * GIB)
-    plan = memory_estimate.plan(trainer, engine=engine, engine_source="85%", device_total=24 * GIB)
+    small = memory_estimate.DeviceMemory(free=24 * GIB, total=24 * GIB)
+    plan = memory_estimate.plan(trainer, engine=engine, engine_source="85%", device=small)
     assert not plan.keep and plan.mode == "release"
     assert plan.needed > plan.available
 
@@ -117,10 +136,11 @@ def test_auto_is_decided_at_start_from_the_gpus_memory(model, capsys):
     with pytest.raises(ValueError, match="undecided"):
         _ = config.placement.swaps_memory
     shape = colocate_memory.model_shape_for(config)
-    big = colocate_memory.resolve(config, shape, device="cuda", device_total=lambda: H200)
+    big = colocate_memory.resolve(config, shape, device="cuda", device_memory=lambda: IDLE_H200)
     assert big.placement.colocate_memory == "keep" and not big.placement.swaps_memory
     assert "--colocate-memory auto: keep (trainer" in capsys.readouterr().out
-    tiny_gpu = colocate_memory.resolve(config, shape, device="cuda", device_total=lambda: 2**20)
+    tiny = memory_estimate.DeviceMemory(free=2**20, total=2**20)
+    tiny_gpu = colocate_memory.resolve(config, shape, device="cuda", device_memory=lambda: tiny)
     assert tiny_gpu.placement.colocate_memory == "release" and tiny_gpu.placement.swaps_memory
     assert "--colocate-memory auto: release (trainer" in capsys.readouterr().out
 
@@ -128,10 +148,7 @@ def test_auto_is_decided_at_start_from_the_gpus_memory(model, capsys):
 def test_auto_on_the_cpu_keeps_without_measuring(model, capsys):
     config = parse_args(argv(model, "--colocate", "--colocate-memory", "auto", "--device", "cpu"))
 
-    def never() -> int:
-        raise AssertionError("the CPU has no GPU memory to measure")
-
-    kept = colocate_memory.resolve(config, None, device="cpu", device_total=never)
+    kept = colocate_memory.resolve(config, None, device="cpu", device_memory=never_measured)
     assert kept.placement.colocate_memory == "keep"
     assert capsys.readouterr().out == (
         "train.py: --colocate-memory auto: keep (on the CPU nothing is swapped)\n"
@@ -142,7 +159,10 @@ def test_release_and_keep_are_left_as_given(model):
     for mode in ("release", "keep"):
         config = parse_args(argv(model, "--colocate", "--colocate-memory", mode))
         assert colocate_memory.model_shape_for(config) is None
-        assert colocate_memory.resolve(config, None, device="cuda", device_total=int) is config
+        resolved = colocate_memory.resolve(
+            config, None, device="cuda", device_memory=never_measured
+        )
+        assert resolved is config
 
 
 SGLANG_AUTO = (
@@ -154,6 +174,7 @@ SGLANG_AUTO = (
 def test_sglang_engines_weigh_their_static_fraction(model):
     config = parse_args(argv(model, *SGLANG_AUTO))
     shape = colocate_memory.model_shape_for(config)
-    plan = colocate_memory.estimate(config, shape, device_total=8 * GIB)
+    device = memory_estimate.DeviceMemory(free=8 * GIB, total=8 * GIB)
+    plan = colocate_memory.estimate(config, shape, device=device)
     assert plan.engine == 4 * GIB
     assert "--sglang-mem-fraction-static 0.5 of the GPU" in plan.line()

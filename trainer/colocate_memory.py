@@ -19,7 +19,7 @@ from trainer.arguments import PROG
 from trainer.backends import registry
 from trainer.config import TrainConfig
 from trainer.errors import UsageError
-from trainer.memory_estimate import MemoryPlan, ModelShape
+from trainer.memory_estimate import DeviceMemory, MemoryPlan, ModelShape
 
 
 def undecided(config: TrainConfig) -> bool:
@@ -65,8 +65,8 @@ def recomputes(config: TrainConfig) -> bool:
     return config.torch.gradient_checkpointing
 
 
-def estimate(config: TrainConfig, shape: ModelShape, *, device_total: int) -> MemoryPlan:
-    """The plan for one GPU of `device_total` bytes."""
+def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) -> MemoryPlan:
+    """The plan for one GPU with `device`'s memory."""
     dtype_bytes = 4 if config.placement.resolve_dtype("cuda") == "fp32" else 2
     trainer = memory_estimate.trainer_memory(
         shape,
@@ -76,7 +76,7 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device_total: int) -> Me
     )
     fraction = config.sglang.sglang_mem_fraction_static
     if config.placement.rollout_backend == "sglang" and fraction is not None:
-        engine = memory_estimate.static_engine_memory(fraction, device_total)
+        engine = memory_estimate.static_engine_memory(fraction, device.total)
         source = f"--sglang-mem-fraction-static {fraction:g} of the GPU"
     else:
         rollout, placement = config.rollout, config.placement
@@ -90,9 +90,7 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device_total: int) -> Me
             sequence_tokens=sequence_tokens(config),
         )
         source = f"weights and the KV cache of {sequences} samples"
-    return memory_estimate.plan(
-        trainer, engine=engine, engine_source=source, device_total=device_total
-    )
+    return memory_estimate.plan(trainer, engine=engine, engine_source=source, device=device)
 
 
 def resolve(
@@ -100,9 +98,9 @@ def resolve(
     shape: ModelShape | None,
     *,
     device: str,
-    device_total: Callable[[], int],
+    device_memory: Callable[[], DeviceMemory],
 ) -> TrainConfig:
-    """`config` with ``auto`` decided (one line printed); `device_total` measures a GPU's
+    """`config` with ``auto`` decided (one line printed); `device_memory` measures a GPU's
     memory, called only where the GPU is weighed. On the CPU nothing is swapped: keep."""
     if not undecided(config):
         return config
@@ -112,7 +110,7 @@ def resolve(
     elif shape is None:
         raise ValueError("--colocate-memory auto on a GPU weighs the model's shape: none given")
     else:
-        memory_plan = estimate(config, shape, device_total=device_total())
+        memory_plan = estimate(config, shape, device=device_memory())
         mode = memory_plan.mode
         print(f"{PROG}: {memory_plan.line()}", flush=True)
     return replace(config, placement=replace(config.placement, colocate_memory=mode))

@@ -156,7 +156,7 @@ def run(config: TrainConfig) -> int:
             config,
             shape,
             device=layout.device,
-            device_total=lambda: placement.device_total_memory(train_python),
+            device_memory=lambda: placement.device_memory(train_python),
         )
         print(
             f"train.py: {num_rollout} rollouts x {rollout.rollout_batch_size} prompts x "

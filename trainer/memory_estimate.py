@@ -1,6 +1,6 @@
 """Whether a colocated trainer and rollout engine fit one device together (``--colocate-memory
-auto``): pure arithmetic over sizes, no torch and no device; the device's total memory is passed
-in.
+auto``): pure arithmetic over sizes, no torch and no device; the device's free and total memory
+are passed in.
 
 The trainer's estimate, per device (conservative: no tensor/pipeline split of the weights):
 
@@ -18,13 +18,14 @@ response (or ``--max-tokens-per-gpu`` tokens with dynamic batching).
 
 The engine's share: SGLang reserves ``--sglang-mem-fraction-static`` of the device's total
 memory for its weights and KV cache; the transformers engine holds its weights and the KV cache
-of its samples. Both resident fit when trainer + engine leave `MARGIN` of the device free (CUDA
+of its samples. Both resident fit in what is free on the device at the job's start (another
+process's memory on a shared GPU is not ours to plan with) less `MARGIN` of its total (CUDA
 context, NCCL buffers, allocator fragmentation).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 2**30
 MARGIN = 0.10
@@ -46,6 +47,14 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
+class DeviceMemory:
+    """One GPU's memory in bytes, as the driver reports it (``torch.cuda.mem_get_info``)."""
+
+    free: int
+    total: int
+
+
+@dataclass(frozen=True)
 class TrainerMemory:
     weights: int
     lora_states: int
@@ -63,11 +72,11 @@ class MemoryPlan:
     trainer: TrainerMemory
     engine: int
     engine_source: str  # how the engine's share was reckoned
-    device_total: int
+    device: DeviceMemory
 
     @property
     def available(self) -> int:
-        return int(self.device_total * (1 - MARGIN))
+        return max(0, self.device.free - int(self.device.total * MARGIN))
 
     @property
     def needed(self) -> int:
@@ -84,8 +93,8 @@ class MemoryPlan:
             f"{gib(t.weights)} + LoRA with grads and Adam {gib(t.lora_states)} + activations "
             f"{gib(t.activations)} + logits {gib(t.logits)}; engine {gib(self.engine)} GiB "
             f"({self.engine_source}); {gib(self.needed)} GiB needed, "
-            f"{gib(self.available)} GiB usable of {gib(self.device_total)} GiB with "
-            f"{MARGIN:.0%} kept free)"
+            f"{gib(self.available)} GiB usable: {gib(self.device.free)} GiB free of "
+            f"{gib(self.device.total)} GiB less {MARGIN:.0%} of it)"
         )
 
 
@@ -131,14 +140,9 @@ def resident_engine_memory(
 
 
 def plan(
-    trainer: TrainerMemory, *, engine: int, engine_source: str, device_total: int
+    trainer: TrainerMemory, *, engine: int, engine_source: str, device: DeviceMemory
 ) -> MemoryPlan:
-    """Keep both resident where they fit the device less `MARGIN`; else release."""
-    fits = trainer.total + engine <= int(device_total * (1 - MARGIN))
-    return MemoryPlan(
-        keep=fits,
-        trainer=trainer,
-        engine=engine,
-        engine_source=engine_source,
-        device_total=device_total,
-    )
+    """Keep both resident where they fit the device's free memory less `MARGIN` of its total;
+    else release."""
+    unsure = MemoryPlan(False, trainer, engine, engine_source, device)
+    return replace(unsure, keep=unsure.needed <= unsure.available)

@@ -32,6 +32,7 @@ from trainer.backends.base import (
 )
 from trainer.backends.colocate import Colocation
 from trainer.config import PlacementConfig, TrainConfig
+from trainer.memory_estimate import DeviceMemory
 
 PLACEMENT_TIMEOUT_S = 120.0
 COLOCATED_SHARE = 0.5
@@ -83,26 +84,29 @@ def resolve_device(placement: PlacementConfig, cluster: dict[str, float]) -> str
     return "cuda" if cluster.get("GPU", 0) >= placement.actor_num_gpus else "cpu"
 
 
-def device_total_memory(python: str | None) -> int:
-    """Total memory of one of the cluster's GPUs (bytes), measured by a Ray task on a GPU in the
-    training ranks' interpreter (`python`, ``--train-python``), before the job reserves them."""
+def device_memory(python: str | None) -> DeviceMemory:
+    """Free and total memory of one of the cluster's GPUs, measured by a Ray task on a GPU in
+    the training ranks' interpreter (`python`, ``--train-python``), before the job reserves
+    them."""
     import ray
 
-    def total() -> int:
+    def free_and_total() -> tuple[int, int]:
         import torch
 
-        return int(torch.cuda.get_device_properties(0).total_memory)
+        free, total = torch.cuda.mem_get_info(0)
+        return int(free), int(total)
 
-    task = ray.remote(num_gpus=1, num_cpus=0)(total)
+    task = ray.remote(num_gpus=1, num_cpus=0)(free_and_total)
     try:
-        return int(
-            ray.get(task.options(**runtime_env(python)).remote(), timeout=PLACEMENT_TIMEOUT_S)
+        free, total = ray.get(
+            task.options(**runtime_env(python)).remote(), timeout=PLACEMENT_TIMEOUT_S
         )
     except ray.exceptions.GetTimeoutError:
         raise PlacementError(
             f"--colocate-memory auto: no GPU free within {PLACEMENT_TIMEOUT_S:.0f} s to measure "
             "its memory (is another job holding the devices?)"
         ) from None
+    return DeviceMemory(free=free, total=total)
 
 
 def check_resources(layout: Layout, cluster: dict[str, float]) -> None:
