@@ -17,17 +17,21 @@ text's length).
   length, 16 x 4 micro-batches, `beta=0`).
 * *trl-vllm* (CUDA only): the same GRPOTrainer and settings with `use_vllm=True,
   vllm_mode="colocate"`: vLLM runs in the worker's own process at TRL's default
-  `vllm_gpu_memory_utilization` (0.3), and before each generation TRL merges the LoRA adapter
-  into the base weights, loads them into vLLM and unmerges. EOS is ignored through
-  `generation_kwargs` (handed to vLLM's `SamplingParams`): `min_tokens` = response length with
-  the tokenizer's EOS as a stop token, so vLLM masks it as transformers' `min_new_tokens` does.
+  `vllm_gpu_memory_utilization` (0.3; TRL sets the RANK, WORLD_SIZE and MASTER_* variables
+  vLLM's `external_launcher` reads, so no launcher is needed), and before each step's generation
+  TRL merges the LoRA adapter into the base weights, loads them into vLLM and unmerges. EOS is
+  ignored through `generation_kwargs` (handed to vLLM's `SamplingParams`): `min_tokens` =
+  response length with the tokenizer's EOS as a stop token, so vLLM masks it as transformers'
+  `min_new_tokens` does.
   `vllm_enable_sleep_mode` is on, for two reasons: memory, since the three workers hold their
   memory side by side on one GPU (on an H200 of 140 GiB: ours about 28 GiB, trl 57 GiB, and
   trl-vllm without sleep its 42 GiB vLLM pool plus about 27 GiB of training, 154 GiB in all;
-  asleep, vLLM gives its pool back while TRL trains); and likeness, since ours' colocated
-  engine releases its memory during training as well. TRL's other vLLM defaults stay: its
-  importance-sampling correction costs one no-grad forward over the rollout per step.
-  Its phases: `sync_weights` (merge and load), the rest of generation is its rollout.
+  asleep at level 2, vLLM frees its weights and KV cache while TRL trains, and TRL empties
+  torch's cache before waking it); and likeness, since ours' colocated engine releases its
+  memory during training as well. TRL's other vLLM defaults stay: its importance-sampling
+  correction costs one no-grad forward over the rollout per step. Its phases: `sync_weights`
+  (waking vLLM's discarded weights, merge, load, unmerge); the rest of generation is its rollout
+  (waking the KV cache, generating, and putting vLLM back to sleep).
 
 Each system lives in its own worker process; after `--warmup` steps each, the parent makes them take
 their timed steps in turn (ours, trl, trl-vllm, ours, ...; `--trl-steps` etc. give one system fewer,
@@ -100,7 +104,7 @@ OURS_MEMORY = {
 
 @dataclass
 class Spec:
-    """What both workers build and run (picklable: it travels to the worker processes)."""
+    """What every worker builds and runs (picklable: it travels to the worker processes)."""
 
     work: str
     device: str
@@ -305,9 +309,6 @@ def synchronize(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
-
-
-# ---------------------------------------------------------------------------- reward
 
 
 # ---------------------------------------------------------------------------- ours
@@ -964,7 +965,9 @@ def run_systems(
 ) -> dict[str, dict[str, Any]]:
     """Start the workers (into `workers`), warm each up, then alternate the timed steps: round
     `i` steps every system that has more than `i` timed steps."""
-    for kind in options.systems:  # one at a time: SGLang and vLLM size pools from free memory
+    # One at a time: SGLang sizes its pool from free memory, and vLLM's start-up profile fails
+    # when another process frees memory meanwhile.
+    for kind in options.systems:
         started = time.perf_counter()
         total = options.warmup + options.steps[kind]
         workers[kind] = Worker(kind, spec, total, baseline, options.paths[kind])

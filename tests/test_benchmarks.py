@@ -6,6 +6,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -147,6 +148,100 @@ def test_trl_vllm_config_generates_with_colocated_vllm_and_ignores_eos(bench, tm
     same += ("max_steps", "num_iterations", "temperature", "gradient_checkpointing")
     assert {k: getattr(config, k) for k in same} == {k: getattr(baseline, k) for k in same}
     assert config.generation_batch_size == 64 and config.beta == 0.0
+
+
+class StandInLLM:
+    """vLLM's `LLM` as far as TRL 1.16's colocate mode uses it (trl/generation/vllm_generation.py):
+    it records what TRL asks and answers every prompt with `max_tokens` of the prompt's tokens."""
+
+    def __init__(self, model: str, **kwargs) -> None:
+        StandInLLM.made = self
+        self.kwargs = kwargs
+        self.events: list[tuple] = []
+        self.sampling: list = []
+        runner = SimpleNamespace(model=SimpleNamespace(load_weights=self.load_weights))
+        worker = SimpleNamespace(model_runner=runner)
+        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
+
+    def load_weights(self, weights: list) -> None:
+        self.events += [("load", name) for name, _ in weights]
+
+    def sleep(self, level: int) -> None:
+        self.events.append(("sleep", level))
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.events.append(("wake", *tags))
+
+    def reset_prefix_cache(self) -> None:
+        self.events.append(("reset",))
+
+    def generate(self, prompts: list[dict], sampling_params, use_tqdm: bool) -> list:
+        self.sampling.append(sampling_params)
+        outputs = []
+        for prompt in prompts:
+            ids = prompt["prompt_token_ids"]
+            tokens = [ids[i % len(ids)] for i in range(sampling_params.max_tokens)]
+            logprobs = [{t: SimpleNamespace(rank=1, logprob=-1.0)} for t in tokens]
+            completion = SimpleNamespace(token_ids=tokens, logprobs=logprobs)
+            outputs.append(SimpleNamespace(prompt_token_ids=ids, outputs=[completion]))
+        return outputs
+
+
+class Commands:
+    """The parent's end of a worker's pipe: hands out `commands`, keeps what the worker sends."""
+
+    def __init__(self, commands: list[str]) -> None:
+        self.commands = commands
+        self.sent: list = []
+
+    def recv(self) -> str:
+        return self.commands.pop(0)
+
+    def send(self, message) -> None:
+        self.sent.append(message)
+
+
+@pytest.mark.timeout(300)
+def test_the_trl_vllm_worker_syncs_once_per_step_through_trls_own_vllm_glue(
+    bench, tmp_path, monkeypatch
+):
+    """TRL's colocated-vLLM code with a stand-in engine: the methods the worker times exist and
+    run once a step, and every response is asked for at full length with EOS masked."""
+    vllm_generation = pytest.importorskip("trl.generation.vllm_generation")
+    monkeypatch.setattr(vllm_generation, "is_vllm_available", lambda *_, **__: True)
+    monkeypatch.setattr(vllm_generation, "LLM", StandInLLM, raising=False)
+    if not hasattr(vllm_generation, "SamplingParams"):  # no vLLM here: keep the arguments
+        monkeypatch.setattr(vllm_generation, "SamplingParams", SimpleNamespace, raising=False)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, "")  # TRL sets them for vLLM: restored afterwards
+        monkeypatch.delenv(name)
+    spec = tiny_spec(bench, tmp_path)
+    bench.build_inputs(spec, rows=spec.prompts * 4)
+    commands = Commands(["reset", "step", "step"])
+    memory = bench.PeakMemory("cpu", 0)
+    bench.run_trl(spec, "trl-vllm", 2, commands, memory)
+    memory.stop()
+
+    engine = StandInLLM.made
+    assert engine.kwargs["distributed_executor_backend"] == "external_launcher"
+    assert engine.kwargs["enable_sleep_mode"] and engine.kwargs["gpu_memory_utilization"] == 0.3
+    assert engine.kwargs["max_num_seqs"] == spec.prompts * spec.samples
+    assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1"
+    eos = bench.build_tokenizer(spec, eos=True).eos_token_id
+    assert len(engine.sampling) == 2
+    for params in engine.sampling:
+        assert params.max_tokens == params.min_tokens == spec.response_len
+        assert list(params.stop_token_ids) == [eos] and params.n == 1
+    events = [e for e in engine.events if e[0] != "load"]
+    step = [("wake", "weights"), ("reset",), ("wake", "kv_cache"), ("sleep", 2)]
+    assert events == [("sleep", 2), *step, *step]
+    loaded = [event[1] for event in engine.events if event[0] == "load"]
+    assert len(loaded) == 2 * len(set(loaded))  # every weight, once a step
+    assert not [n for n in loaded if "lora_" in n or "base_layer" in n or "lm_head" in n]
+    assert commands.sent[0][0] == "ready"
+    for sent in commands.sent[1:]:
+        assert list(sent["phases"]) == ["sync_weights"] and sent["phases"]["sync_weights"] > 0
+        assert sent["response_tokens"] == spec.prompts * spec.samples * spec.response_len
 
 
 def test_each_system_gets_its_own_steps_and_path(bench, tmp_path):
