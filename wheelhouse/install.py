@@ -220,14 +220,14 @@ def install(
     try:
         wheels = assemble(manifest, folders, work)
         built = pip_install(wheels, target, work)
+        kept: list[Path] = []
         if keep_built is not None and built:
             keep_built.mkdir(parents=True, exist_ok=True)
-            for wheel in built:
-                shutil.copy2(wheel, keep_built / wheel.name)
+            kept = [Path(shutil.copy2(wheel, keep_built / wheel.name)) for wheel in built]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     where = str(target) if target is not None else sys.prefix
     line = f"installed {len(wheels)} wheels into {where}"
-    if keep_built is not None and built:
-        line += f"; {', '.join(w.name for w in built)} built from source, kept in {keep_built}"
+    if kept:
+        line += f"; {', '.join(w.name for w in kept)} built from source, kept in {keep_built}"
     return line
