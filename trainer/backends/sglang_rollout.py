@@ -16,13 +16,19 @@ again. Without it the base weights stay on the GPU and only the KV cache and CUD
 released (released weights would have to be sent again). The LoRA buffers are outside
 SGLang's memory-saver regions and survive either way; each rollout phase loads the new adapter
 anyway.
+
+Each adapter load logs one line with how long SGLang took to load the new adapter and to unload
+the previous one (logger ``trainer.backends.sglang_rollout``, INFO; SGLang configures the root
+logger at its ``--sglang-log-level``): ``time/load_adapter`` is their sum.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,11 +49,14 @@ if TYPE_CHECKING:
 KV_CACHE, WEIGHTS, CUDA_GRAPH = "kv_cache", "weights", "cuda_graph"
 
 
-class SGLangRolloutEngine:
-    def __init__(self, server_args: dict[str, Any]) -> None:
-        import sglang
+LOG = logging.getLogger(__name__)
 
-        self._engine = sglang.Engine(**server_args)
+
+class SGLangRolloutEngine:
+    """`engine`: an ``sglang.Engine`` started with `server_args` (`start` does both)."""
+
+    def __init__(self, engine: Any, server_args: dict[str, Any]) -> None:
+        self._engine = engine
         self._release_tags = (
             [KV_CACHE, WEIGHTS, CUDA_GRAPH]
             if server_args.get("enable_weights_cpu_backup")
@@ -91,6 +100,7 @@ class SGLangRolloutEngine:
         """Serve `adapter` from now on: load it under a fresh name, then drop the previous one."""
         name = f"policy-v{adapter.version}-{next(self._names)}"
         tensors = {key: tensor.contiguous() for key, tensor in adapter.tensors.items()}
+        started = time.perf_counter()
         if hasattr(self._engine, "load_lora_adapter_from_tensors"):
             result = self._engine.load_lora_adapter_from_tensors(
                 name, tensors, dict(adapter.config)
@@ -99,9 +109,15 @@ class SGLangRolloutEngine:
             result = self._engine.load_lora_adapter(name, str(self._write(name, tensors, adapter)))
         if not getattr(result, "success", True):
             raise RuntimeError(f"SGLang could not load LoRA adapter {name}: {result.error_message}")
+        loaded = time.perf_counter()
         previous, self._adapter_name = self._adapter_name, name
         if previous is not None:
             self._engine.unload_lora_adapter(previous)
+        LOG.info(
+            "adapter %s: loaded in %.3f s (%d tensors), previous %s unloaded in %.3f s",
+            name, loaded - started, len(tensors), previous or "(none)",
+            time.perf_counter() - loaded,
+        )  # fmt: skip
 
     def _write(self, name: str, tensors: dict[str, Any], adapter: LoraAdapter) -> Path:
         from safetensors.torch import save_file
@@ -128,7 +144,7 @@ class SGLangRolloutEngine:
 def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> SGLangRolloutEngine:
     """Engine `engine_index`, whose first GPU is `device` (``cuda:<index>``), spanning
     ``--rollout-num-gpus-per-engine`` consecutive GPUs."""
-    return SGLangRolloutEngine(
+    return start(
         build_server_args(
             config,
             registry.adapter_targets(config),
@@ -136,3 +152,9 @@ def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> SGLang
             engine_index=engine_index,
         )
     )
+
+
+def start(server_args: dict[str, Any]) -> SGLangRolloutEngine:
+    import sglang
+
+    return SGLangRolloutEngine(sglang.Engine(**server_args), server_args)

@@ -1,0 +1,148 @@
+"""The SGLang rollout engine's adapter hand-over and memory calls, against a recording stand-in
+for ``sglang.Engine`` (the real one needs a GPU: tests/manual)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trainer.backends.base import LoraAdapter, SamplingParams
+from trainer.backends.sglang_rollout import SGLangRolloutEngine
+
+CONFIG = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "peft_type": "LORA"}
+
+
+def _adapter(version: int, value: float = 1.0) -> LoraAdapter:
+    names = ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+             "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight")  # fmt: skip
+    tensors = {name: torch.full((2, 4), value).t() for name in names}  # not contiguous
+    return LoraAdapter(tensors=tensors, config=CONFIG, version=version)
+
+
+class StandInEngine:
+    """What SGLangRolloutEngine calls of ``sglang.Engine`` besides loading, recorded in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.fail_load: str | None = None
+
+    def _result(self) -> Any:
+        return SimpleNamespace(success=not self.fail_load, error_message=self.fail_load or "")
+
+    def unload_lora_adapter(self, name: str) -> None:
+        self.calls.append(("unload", name))
+
+    def generate(self, *, input_ids, sampling_params, return_logprob, lora_path) -> list[dict]:
+        self.calls.append(("generate", lora_path))
+        meta = {"finish_reason": {"type": "length"}, "completion_tokens": 1,
+                "output_token_logprobs": [(-0.5, 7, None)]}  # fmt: skip
+        return [{"output_ids": [7], "meta_info": meta} for _ in input_ids]
+
+    def release_memory_occupation(self, tags: list[str]) -> None:
+        self.calls.append(("release", tuple(tags)))
+
+    def resume_memory_occupation(self, tags: list[str]) -> None:
+        self.calls.append(("resume", tuple(tags)))
+
+
+class RecordingEngine(StandInEngine):
+    """SGLang 0.5.9 and later: adapters from memory."""
+
+    def load_lora_adapter_from_tensors(self, name: str, tensors: dict, config: dict) -> Any:
+        assert all(t.is_contiguous() for t in tensors.values())
+        self.calls.append(("load", name, sorted(tensors), config))
+        return self._result()
+
+
+class PathOnlyEngine(StandInEngine):
+    """An SGLang release without ``load_lora_adapter_from_tensors``: adapters from a directory."""
+
+    def load_lora_adapter(self, name: str, path: str) -> Any:
+        self.calls.append(("load_path", name, path))
+        return self._result()
+
+
+def test_each_update_loads_under_a_fresh_name_before_the_previous_is_unloaded() -> None:
+    sglang = RecordingEngine()
+    engine = SGLangRolloutEngine(sglang, {})
+    params = SamplingParams(max_new_tokens=1)
+    engine.generate([[1, 2]], params)
+    engine.load_adapter(_adapter(1))
+    engine.generate([[1, 2], [3]], params)
+    engine.load_adapter(_adapter(2))
+    engine.generate([[1, 2]], params)
+    kinds = [(c[0], c[1]) for c in sglang.calls]
+    assert kinds == [
+        ("generate", None),
+        ("load", "policy-v1-0"),
+        ("generate", ["policy-v1-0", "policy-v1-0"]),
+        ("load", "policy-v2-1"),
+        ("unload", "policy-v1-0"),  # only once the new one serves
+        ("generate", ["policy-v2-1"]),
+    ]
+    assert sglang.calls[1][3] == CONFIG
+
+
+def test_a_failed_load_raises_with_sglangs_reason_and_keeps_serving_the_previous() -> None:
+    sglang = RecordingEngine()
+    engine = SGLangRolloutEngine(sglang, {})
+    engine.load_adapter(_adapter(1))
+    sglang.fail_load = "rank 128 exceeds --max-lora-rank 64"
+    with pytest.raises(RuntimeError, match="policy-v2-1: rank 128 exceeds --max-lora-rank 64"):
+        engine.load_adapter(_adapter(2))
+    engine.generate([[1]], SamplingParams(max_new_tokens=1))
+    assert ("unload", "policy-v1-0") not in sglang.calls
+    assert sglang.calls[-1] == ("generate", ["policy-v1-0"])
+
+
+def test_each_load_logs_how_long_loading_and_unloading_took(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = SGLangRolloutEngine(RecordingEngine(), {})
+    with caplog.at_level(logging.INFO, logger="trainer.backends.sglang_rollout"):
+        engine.load_adapter(_adapter(1))
+        engine.load_adapter(_adapter(2))
+    first, second = (r.getMessage() for r in caplog.records)
+    assert first.startswith("adapter policy-v1-0: loaded in ")
+    assert "(2 tensors), previous (none) unloaded in " in first
+    assert "previous policy-v1-0 unloaded in " in second
+
+
+def test_without_loading_from_tensors_the_adapter_goes_through_a_peft_directory() -> None:
+    sglang = PathOnlyEngine()
+    engine = SGLangRolloutEngine(sglang, {})
+    adapter = _adapter(3, value=0.25)
+    engine.load_adapter(adapter)
+    ((kind, name, path),) = sglang.calls
+    assert (kind, name) == ("load_path", "policy-v3-0")
+    saved = load_file(f"{path}/adapter_model.safetensors")
+    assert saved.keys() == adapter.tensors.keys()
+    assert all(torch.equal(saved[k], adapter.tensors[k]) for k in saved)
+    with open(f"{path}/adapter_config.json") as f:
+        assert json.load(f) == CONFIG
+
+
+@pytest.mark.parametrize(
+    ("server_args", "tags"),
+    [
+        ({"enable_weights_cpu_backup": True}, ("kv_cache", "weights", "cuda_graph")),
+        ({}, ("kv_cache", "cuda_graph")),  # released weights would have to be sent again
+    ],
+)
+def test_release_frees_the_weights_only_with_their_cpu_backup(
+    server_args: dict[str, Any], tags: tuple[str, ...]
+) -> None:
+    sglang = RecordingEngine()
+    engine = SGLangRolloutEngine(sglang, server_args)
+    engine.release_memory()
+    with pytest.raises(RuntimeError, match="released"):
+        engine.generate([[1]], SamplingParams(max_new_tokens=1))
+    engine.resume_memory()
+    engine.generate([[1]], SamplingParams(max_new_tokens=1))
+    assert sglang.calls == [("release", tags), ("resume", tags), ("generate", None)]
