@@ -19,7 +19,8 @@ anyway.
 
 Each adapter load logs one line with how long SGLang took to load the new adapter and to unload
 the previous one (logger ``trainer.backends.sglang_rollout``, INFO; SGLang configures the root
-logger at its ``--sglang-log-level``): ``time/load_adapter`` is their sum.
+logger at its log level, ``info`` unless ``--sglang-log-level`` says otherwise): together they
+are most of ``time/load_adapter``.
 """
 
 from __future__ import annotations
