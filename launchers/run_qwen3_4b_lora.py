@@ -32,10 +32,12 @@ LAUNCHER = recipe.launcher(
         "model, SGLang 0.5.17 with Triton attention and LoRA, PyTorch + PEFT in place of "
         "Megatron-Bridge, colocated): 12 rollouts, rollout/train log-prob abs diff 0.0073 "
         "mean, the engine's log-probs match the trainer's after every update (max 0.0197), "
-        "6.3 s/step (`cuda_gpu` test, 2026-12-03). With Megatron-Bridge training (FlashInfer/"
-        "csgmv or Triton): rollout 1 trained, log-prob abs diff 0.008, then the adapter-sync "
-        "probe failed on the engine side (docs/backends.md); Qwen3-4B shape at 8,192-token "
-        "responses: one rollout, 236 s/step, within 76 GiB"
+        "6.3 s/step (`cuda_gpu` test, 2026-12-03). With Megatron-Bridge training and the "
+        "recipe's FlashInfer/csgmv backends (2026-12-04): 12 rollouts with an interrupt and "
+        "resume, log-prob abs diff 0.0076, engine vs trainer after every update 0.0098 at most, "
+        "4.5 s/step; Qwen3-4B shape at 8,192-token responses, 2 rollouts each with "
+        "Megatron-Bridge (238-253 s/step, peak 75.5 GiB) and with PyTorch + PEFT (246-260 "
+        "s/step, peak 75.3 GiB) (docs/backends.md)"
     ),
 )
 

@@ -3,6 +3,7 @@ for ``sglang.Engine`` (the real one needs a GPU: tests/manual)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from types import SimpleNamespace
@@ -13,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainer.backends.base import LoraAdapter, SamplingParams
-from trainer.backends.sglang_rollout import SGLangRolloutEngine
+from trainer.backends.sglang_rollout import SGLangRolloutEngine, bucket_packer
 
 CONFIG = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "peft_type": "LORA"}
 
@@ -57,6 +58,16 @@ class RecordingEngine(StandInEngine):
     def load_lora_adapter_from_tensors(self, name: str, tensors: dict, config: dict) -> Any:
         assert all(t.is_contiguous() for t in tensors.values())
         self.calls.append(("load", name, sorted(tensors), config))
+        return self._result()
+
+
+class BucketEngine(StandInEngine):
+    """SGLang 0.5.17: adapters from memory, also as flattened buckets."""
+
+    def load_lora_adapter_from_tensors(
+        self, name: str, tensors: Any, config: dict, load_format: str | None = None
+    ) -> Any:
+        self.calls.append(("load", name, tensors, config, load_format))
         return self._result()
 
 
@@ -109,9 +120,36 @@ def test_each_load_logs_how_long_loading_and_unloading_took(
         engine.load_adapter(_adapter(1))
         engine.load_adapter(_adapter(2))
     first, second = (r.getMessage() for r in caplog.records)
-    assert first.startswith("adapter policy-v1-0: loaded in ")
-    assert "(2 tensors), previous (none) unloaded in " in first
+    assert first.startswith("adapter policy-v1-0: 2 tensors packed in ")
+    assert ", loaded in " in first
+    assert ", previous (none) unloaded in " in first
     assert "previous policy-v1-0 unloaded in " in second
+
+
+def test_with_a_packer_the_adapter_goes_as_its_flattened_bucket_payloads() -> None:
+    packed: list[dict[str, torch.Tensor]] = []
+
+    def pack(tensors: Any) -> list[bytes]:
+        packed.append(dict(tensors))
+        return [b"rank-0", b"rank-1"]
+
+    sglang = BucketEngine()
+    engine = SGLangRolloutEngine(sglang, {}, pack_adapter=pack)
+    adapter = _adapter(4, value=0.5)
+    engine.load_adapter(adapter)
+    assert sglang.calls == [("load", "policy-v4-0", [b"rank-0", b"rank-1"], CONFIG,
+                             "flattened_bucket")]  # fmt: skip
+    (tensors,) = packed
+    assert tensors.keys() == adapter.tensors.keys()
+    assert all(t.is_contiguous() and torch.equal(t, adapter.tensors[k]) for k, t in tensors.items())
+
+
+def test_flattened_buckets_only_where_the_engine_takes_a_load_format() -> None:
+    assert bucket_packer(RecordingEngine(), {"tp_size": 2}) is None
+    assert bucket_packer(PathOnlyEngine(), {}) is None
+    packer = bucket_packer(BucketEngine(), {"tp_size": 2})
+    assert isinstance(packer, functools.partial)
+    assert packer.keywords == {"ranks": 2}  # one payload per tensor-parallel rank
 
 
 def test_without_loading_from_tensors_the_adapter_goes_through_a_peft_directory() -> None:
