@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from peft import get_peft_model_state_dict
 
 from trainer import tiny
 from trainer.backends.base import (
@@ -17,6 +18,7 @@ from trainer.backends.base import (
     SamplingParams,
     TrainBatch,
 )
+from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.hf_rollout import HFRolloutEngine
 from trainer.backends.peft_trainer import PeftPolicyTrainer, lr_factor
 from trainer.batching import pack
@@ -235,6 +237,11 @@ def test_adapter_reaches_the_engine_in_memory(model_dir):
     adapter = trainer.export_adapter()
     assert adapter.version == 2
     assert {t.dtype for t in adapter.tensors.values()} == {torch.float32}  # the fp32 engine's
+    # One buffer, a copy: it travels (through Ray) as one tensor, and training goes on apart.
+    assert isinstance(adapter.tensors, FlatTensors)
+    state = get_peft_model_state_dict(trainer.model)
+    assert all(torch.equal(adapter.tensors[k], t) for k, t in state.items())
+    assert all(t.data_ptr() != adapter.tensors[k].data_ptr() for k, t in state.items())
     assert all(".lora_A." in k or ".lora_B." in k for k in adapter.tensors)
     engine.load_adapter(adapter)
     assert engine.adapter_version == 2

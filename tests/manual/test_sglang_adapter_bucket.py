@@ -17,6 +17,7 @@ from multiprocessing.queues import Queue
 import pytest
 import torch
 
+from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.sglang_rollout import flattened_bucket_payloads
 
 
@@ -39,7 +40,8 @@ def _record(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
 
 
 @pytest.mark.cuda_gpu
-def test_each_ranks_payload_rebuilds_the_adapter_in_another_process() -> None:
+@pytest.mark.parametrize("packed", [False, True], ids=["dict", "flat-tensors"])
+def test_each_ranks_payload_rebuilds_the_adapter_in_another_process(packed: bool) -> None:
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed")
     generator = torch.Generator().manual_seed(0)
@@ -50,8 +52,9 @@ def test_each_ranks_payload_rebuilds_the_adapter_in_another_process() -> None:
         for layer in range(4)
         for ab in "AB"
     }
+    adapter = FlatTensors.pack(tensors) if packed else tensors  # the PEFT trainer's, Megatron's
     context = multiprocessing.get_context("spawn")
-    for payload in flattened_bucket_payloads(tensors, ranks=2):
+    for payload in flattened_bucket_payloads(adapter, ranks=2):
         queue = context.Queue()
         process = context.Process(target=_scheduler_side, args=(payload, queue))
         process.start()

@@ -63,7 +63,8 @@ class Generation:
 class LoraAdapter:
     """A LoRA adapter in memory, under Hugging Face PEFT parameter names.
 
-    `tensors` maps PEFT state-dict names (``base_model.model...lora_A.weight``) to CPU tensors;
+    `tensors` maps PEFT state-dict names (``base_model.model...lora_A.weight``) to CPU tensors
+    (the PEFT trainer's: views of one `FlatTensors` buffer, which travels as one tensor);
     `config` is the PEFT ``LoraConfig`` as a dict (what ``adapter_config.json`` holds).
     """
 

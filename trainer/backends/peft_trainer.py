@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.backends.base import ForwardOutput, LoraAdapter, LossFn, StepResult, TrainBatch
 from trainer.backends.devices import torch_dtype
+from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.frozen_weights import FrozenWeights
 from trainer.checkpoint import ADAPTER_DIR
 
@@ -262,14 +263,15 @@ class PeftPolicyTrainer:
     def export_adapter(self) -> LoraAdapter:
         """The adapter in the rollout engines' dtype: they run the same resolved ``--dtype`` as
         this trainer's compute dtype (bf16 on GPUs: half the bytes of the float32 master copy
-        to copy and send; the engines would round to it on loading anyway), cast before it
-        leaves the device."""
+        to copy and send; the engines would round to it on loading anyway), cast and packed
+        into one buffer on the device, which then reaches the host in one copy."""
         from peft import get_peft_model_state_dict
 
-        tensors = {
-            name: tensor.detach().to(self.compute_dtype).to("cpu", copy=True)
-            for name, tensor in get_peft_model_state_dict(self.model).items()
-        }
+        state = get_peft_model_state_dict(self.model)
+        tensors = FlatTensors.pack(
+            {name: tensor.detach().to(self.compute_dtype) for name, tensor in state.items()},
+            device="cpu",
+        )
         config = _json_safe(self.model.peft_config["default"].to_dict())
         return LoraAdapter(tensors=tensors, config=config, version=self.steps)
 

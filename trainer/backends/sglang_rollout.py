@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.backends import registry
 from trainer.backends.base import Generation, LoraAdapter, SamplingParams
+from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.generation_parsing import (
     parse_input_logprobs,
     parse_outputs,
@@ -124,21 +125,19 @@ class SGLangRolloutEngine:
     def load_adapter(self, adapter: LoraAdapter) -> None:
         """Serve `adapter` from now on: load it under a fresh name, then drop the previous one."""
         name = f"policy-v{adapter.version}-{next(self._names)}"
-        tensors = {key: tensor.contiguous() for key, tensor in adapter.tensors.items()}
         config = dict(adapter.config)
-        started = time.perf_counter()
+        started = packed = time.perf_counter()
         if self._pack_adapter is not None:
-            payloads = self._pack_adapter(tensors)
+            payloads = self._pack_adapter(adapter.tensors)
             packed = time.perf_counter()
             result = self._engine.load_lora_adapter_from_tensors(
                 name, payloads, config, load_format="flattened_bucket"
             )
         elif hasattr(self._engine, "load_lora_adapter_from_tensors"):
-            packed = started
+            tensors = {key: tensor.contiguous() for key, tensor in adapter.tensors.items()}
             result = self._engine.load_lora_adapter_from_tensors(name, tensors, config)
         else:
-            packed = started
-            result = self._engine.load_lora_adapter(name, str(self._write(name, tensors, adapter)))
+            result = self._engine.load_lora_adapter(name, str(self._write(name, adapter)))
         if not getattr(result, "success", True):
             raise RuntimeError(f"SGLang could not load LoRA adapter {name}: {result.error_message}")
         loaded = time.perf_counter()
@@ -148,15 +147,22 @@ class SGLangRolloutEngine:
         LOG.info(
             "adapter %s: %d tensors packed in %.3f s, loaded in %.3f s, previous %s unloaded in "
             "%.3f s",
-            name, len(tensors), packed - started, loaded - packed, previous or "(none)",
+            name, len(adapter.tensors), packed - started, loaded - packed, previous or "(none)",
             time.perf_counter() - loaded,
         )  # fmt: skip
 
-    def _write(self, name: str, tensors: dict[str, Any], adapter: LoraAdapter) -> Path:
+    def _write(self, name: str, adapter: LoraAdapter) -> Path:
+        import torch
         from safetensors.torch import save_file
 
         path = Path(self._adapter_dir.name) / name
         path.mkdir()
+        # Own contiguous copies: safetensors refuses tensors that share memory (a
+        # `FlatTensors`' views) and strided ones.
+        tensors = {
+            key: tensor.clone(memory_format=torch.contiguous_format)
+            for key, tensor in adapter.tensors.items()
+        }
         save_file(tensors, str(path / "adapter_model.safetensors"))
         (path / "adapter_config.json").write_text(json.dumps(dict(adapter.config)))
         return path
@@ -203,12 +209,25 @@ def bucket_packer(engine: Any, server_args: dict[str, Any]) -> AdapterPacker | N
 
 
 def flattened_bucket_payloads(tensors: Mapping[str, torch.Tensor], *, ranks: int) -> list[bytes]:
-    """`tensors` as one SGLang ``FlattenedTensorBucket``, serialized once per tensor-parallel
+    """`tensors` as one SGLang ``FlattenedTensorBucket`` (its buffer and its own metadata class,
+    which the scheduler's restricted unpickler accepts), serialized once per tensor-parallel
     rank: each rank unpickles its own copy, and a shared-memory segment's descriptor can be
-    fetched once per pickle."""
+    fetched once per pickle. A `FlatTensors` already is the bucket's buffer: no copy."""
+    import torch
     from sglang.srt.utils import MultiprocessingSerializer
-    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
-    bucket = FlattenedTensorBucket(named_tensors=list(tensors.items()))
-    data = {"flattened_tensor": bucket.get_flattened_tensor(), "metadata": bucket.get_metadata()}
+    flat = tensors if isinstance(tensors, FlatTensors) else FlatTensors.pack(tensors)
+    metadata = [
+        FlattenedTensorMetadata(
+            name=entry.name,
+            shape=torch.Size(entry.shape),
+            dtype=entry.dtype,
+            start_idx=entry.start,
+            end_idx=entry.end,
+            numel=entry.end - entry.start,
+        )
+        for entry in flat.entries
+    ]
+    data = {"flattened_tensor": flat.buffer, "metadata": metadata}
     return [MultiprocessingSerializer.serialize(data) for _ in range(ranks)]
