@@ -54,7 +54,7 @@ def test_it_pickles_as_one_buffer_where_a_dict_of_its_views_pickles_it_per_tenso
     assert all(torch.equal(again[name], flat[name]) for name in names)
 
 
-def test_packing_moves_the_buffer_in_one_copy_to_the_device_asked_for() -> None:
+def test_packing_puts_the_buffer_on_the_device_asked_for() -> None:
     flat = FlatTensors.pack(_tensors(), device="meta")
     assert flat.buffer.device.type == "meta"
     assert flat["fp32"].shape == (4, 2)

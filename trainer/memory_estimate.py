@@ -25,7 +25,7 @@ context, NCCL buffers, allocator fragmentation).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 GIB = 2**30
 MARGIN = 0.10
@@ -68,7 +68,6 @@ class TrainerMemory:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    keep: bool
     trainer: TrainerMemory
     engine: int
     engine_source: str  # how the engine's share was reckoned
@@ -81,6 +80,11 @@ class MemoryPlan:
     @property
     def needed(self) -> int:
         return self.trainer.total + self.engine
+
+    @property
+    def keep(self) -> bool:
+        """Both resident: they fit the device's free memory less `MARGIN` of its total."""
+        return self.needed <= self.available
 
     @property
     def mode(self) -> str:
@@ -144,5 +148,4 @@ def plan(
 ) -> MemoryPlan:
     """Keep both resident where they fit the device's free memory less `MARGIN` of its total;
     else release."""
-    unsure = MemoryPlan(False, trainer, engine, engine_source, device)
-    return replace(unsure, keep=unsure.needed <= unsure.available)
+    return MemoryPlan(trainer, engine, engine_source, device)

@@ -22,7 +22,7 @@ Adapter hand-over: SGLang passes the tensors to its scheduler process pickled wi
 segment whose file descriptor the scheduler fetches back over a socket from the sending
 process, one round trip per tensor (392 for the 0.6B shape's all-linear adapter). Where SGLang
 takes ``load_format="flattened_bucket"`` (0.5.17), the adapter travels as one flat buffer plus
-its names and shapes instead (SGLang's own ``FlattenedTensorBucket``, what miles sends): one
+its names and shapes instead (SGLang's ``FlattenedTensorBucket`` layout, what miles sends): one
 segment, one round trip, whatever the adapter's size.
 
 Each adapter load logs one line with how long packing the adapter, SGLang's load of it and its
