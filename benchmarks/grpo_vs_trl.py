@@ -27,7 +27,9 @@ text's length).
   memory side by side on one GPU (on an H200 of 140 GiB: ours about 28 GiB, trl 57 GiB, and
   trl-vllm without sleep its 42 GiB vLLM pool plus about 27 GiB of training, 154 GiB in all;
   asleep at level 2, vLLM frees its weights and KV cache while TRL trains, and TRL empties
-  torch's cache before waking it); and likeness, since ours' colocated engine releases its
+  torch's cache before waking it; between their steps all workers empty theirs, since with
+  ours' `--ours-memory keep` (49 GiB) vLLM's wake-up ran out of memory); and likeness, since
+  ours' colocated engine releases its
   memory during training as well. TRL's other vLLM defaults stay: its importance-sampling
   correction costs one no-grad forward over the rollout per step. Its phases: `sync_weights`
   (waking vLLM's discarded weights, merge, load, unmerge); the rest of generation is its rollout
@@ -271,9 +273,11 @@ class PeakMemory:
         return pynvml.nvmlDeviceGetMemoryInfo(self._handle).used - self.baseline
 
     def idle(self) -> None:
-        """Between steps: without per-process numbers, hand cached blocks back to the device,
-        so that the other system's samples count only this one's live tensors."""
-        if self.cuda and not self.per_process:
+        """Between steps (untimed): hand cached blocks back to the device, so that the systems
+        stepping in turn find the memory another one's caching allocator would hold (three side
+        by side overflowed an H200: 2026-12-04), and without per-process numbers the other
+        systems' samples count only this one's live tensors."""
+        if self.cuda:
             import torch
 
             torch.cuda.empty_cache()

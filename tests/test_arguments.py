@@ -405,6 +405,7 @@ def test_new_options_are_off_by_default() -> None:
     )
     assert args.rollout.over_sampling_batch_size == args.rollout.rollout_batch_size
     assert (args.algorithm.overlong_filter, args.algorithm.overlong_buffer_len) == (False, None)
+    assert (args.lora.lora_serving, args.rollout.rollout_request_seeds) == ("adapter", True)
 
 
 @pytest.mark.parametrize(
@@ -421,6 +422,7 @@ def test_new_options_are_off_by_default() -> None:
         ("--overlong-buffer-len 0", "--overlong-buffer-len must be in (0, --rollout-max-response"),
         ("--num-layers 36", "--num-layers is a Megatron architecture flag: Bridge mode reads"),
         ("--moe-router-topk 8", "--moe-router-topk is a Megatron architecture flag"),
+        ("--lora-serving lora", "--lora-serving: invalid choice: 'lora'"),
     ],
 )
 def test_bad_option_values_are_one_line_errors(flags: str, message: str) -> None:
@@ -437,6 +439,7 @@ RENDERED = {
         "--apply-chat-template-kwargs", '{"enable_thinking": false}', "--wandb-run-name=-run",
         "--wandb-project", "", "--eval-prompt-data", "a", "/x", "--lr", "3e-06",
     ],
+    "serving": [*BASE, "--lora-serving", "merged", "--no-rollout-request-seeds"],
     "sglang extras": [
         *BASE, "--rollout-backend", "sglang", "--sglang-enable-metrics",
         "--sglang-cuda-graph-bs-decode", "1", "2", "--sglang-log-level=-x", "--sglang-api-key=",

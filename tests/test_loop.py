@@ -16,7 +16,7 @@ import torch
 from trainer import adapter_check, tiny
 from trainer.arguments import parse_args
 from trainer.backends.base import Generation, adapter_digest
-from trainer.backends.hf_rollout import HFRolloutEngine
+from trainer.backends.hf_rollout import create as create_engine
 from trainer.backends.peft_trainer import create as create_trainer
 from trainer.batching import pack, schedule
 from trainer.data import eval_sets, rollout_source
@@ -116,7 +116,7 @@ def make_loop(argv: Sequence[str], engines=LocalEngines) -> tuple[GRPOLoop, Loca
     source = rollout_source(args, tokenizer)
     total = (args.rollout.num_rollout or 1) * 2
     trainers = LocalTrainers(create_trainer(args, "cpu", total_steps=total))
-    engines = engines(HFRolloutEngine(args.checkpoint.hf_checkpoint), trainers.calls)
+    engines = engines(create_engine(args, "cpu"), trainers.calls)
     loop = GRPOLoop(
         args,
         trainers=trainers,
@@ -307,12 +307,24 @@ def test_colocated_with_memory_kept_the_loop_makes_no_swaps(tiny_dirs, tmp_path)
     assert trainers.calls == ["engine.generate", "engine.load_adapter v2", "engine.generate"]
 
 
-@pytest.mark.parametrize(("engines", "synced"), [(LocalEngines, True), (StaleEngines, False)])
-def test_adapter_sync_check_compares_engine_and_trainer(tiny_dirs, tmp_path, engines, synced):
+@pytest.mark.parametrize(
+    ("engines", "serving", "synced"),
+    [
+        (LocalEngines, "adapter", True),
+        (LocalEngines, "merged", True),  # the adapter folded into the engine's weights
+        (StaleEngines, "adapter", False),
+    ],
+)
+def test_adapter_sync_check_compares_engine_and_trainer(
+    tiny_dirs, tmp_path, engines, serving, synced
+):
     """The engines' log-probs of a fixed sequence match the trainer's after each update, and
     the check fails when the adapter never reaches the engine."""
     model, data = tiny_dirs
-    argv = recipe_argv(model, data, tmp_path, "--num-rollout", "4", "--check-adapter-sync")
+    argv = recipe_argv(
+        model, data, tmp_path, "--num-rollout", "4", "--check-adapter-sync",
+        "--lora-serving", serving,
+    )  # fmt: skip
     loop, _ = make_loop(argv, engines)
     loop.run()
     records = read_metrics(tmp_path / METRICS_FILE)
@@ -333,6 +345,24 @@ def test_adapter_sync_check_compares_engine_and_trainer(tiny_dirs, tmp_path, eng
     assert len(peft) == len(check.logprobs) > 0
     assert adapter_check.mean_abs_diff(peft, check.logprobs) < 1e-4
     assert adapter_check.mean_abs_diff(without, check.logprobs) > 1e-3
+
+
+@pytest.mark.parametrize("serving", ["adapter", "merged"])
+def test_in_bf16_merged_weights_lose_small_updates_to_rounding(tiny_dirs, tmp_path, serving):
+    """What ``--lora-serving merged`` warns of: at a small learning rate most of an update is
+    below the rounding step of the bf16 weights it is merged into, so the engine's policy lags
+    the trainer's by most of the update's shift; served as an adapter it does not lag at all."""
+    model, data = tiny_dirs
+    argv = recipe_argv(
+        model, data, tmp_path, "--num-rollout", "3", "--check-adapter-sync", "--dtype", "bf16",
+        "--lr", "1e-4", "--lora-serving", serving,
+    )  # fmt: skip
+    loop, _ = make_loop(argv)
+    loop.run()
+    records = read_metrics(tmp_path / METRICS_FILE)
+    for before, after in itertools.pairwise(records):
+        lag, shift = after["sync/engine_trainer_logprob_abs_diff"], before["sync/adapter_shift"]
+        assert lag > shift / 3 if serving == "merged" else lag < 1e-6, (lag, shift)
 
 
 def test_metrics_logger_drops_steps_a_resumed_run_repeats(tmp_path):
@@ -546,3 +576,29 @@ def test_call_seeds_stay_distinct_over_rollouts_rounds_and_purposes():
     requests = {SamplingParams(1, seed=s).request_seed(i) for s in seeds for i in range(64)}
     assert len(requests) == len(calls) * 64
     assert call_seed(1234, "rollout", 3, 0) == call_seed(1234, "rollout", 3, 0)  # resumable
+
+
+class SamplingRecorder(LocalEngines):
+    """Records the sampling parameters of every generate call."""
+
+    def __init__(self, engine, calls: list[str]) -> None:
+        super().__init__(engine, calls)
+        self.params: list = []
+
+    def generate(self, prompts, params):
+        self.params.append(params)
+        return super().generate(prompts, params)
+
+
+@pytest.mark.parametrize(
+    ("extra", "seeded"), [((), True), (("--no-rollout-request-seeds",), False)]
+)
+def test_every_generate_call_is_seeded_unless_request_seeds_are_off(
+    tiny_dirs, tmp_path, extra, seeded
+):
+    model, data = tiny_dirs
+    loop, _ = make_loop(recipe_argv(model, data, tmp_path, "--num-rollout", "2", *extra),
+                        SamplingRecorder)  # fmt: skip
+    loop.run()
+    assert len(loop.engines.params) == 2
+    assert all((p.seed is not None) == seeded for p in loop.engines.params)

@@ -136,7 +136,7 @@ def test_with_a_packer_the_adapter_goes_as_its_flattened_bucket_payloads() -> No
         return [b"rank-0", b"rank-1"]
 
     sglang = BucketEngine()
-    engine = SGLangRolloutEngine(sglang, {}, pack_adapter=pack)
+    engine = SGLangRolloutEngine(sglang, {}, pack=pack)
     adapter = _adapter(4, value=0.5)
     engine.load_adapter(adapter)
     assert sglang.calls == [("load", "policy-v4-0", [b"rank-0", b"rank-1"], CONFIG,
@@ -191,3 +191,57 @@ def test_release_frees_the_weights_only_with_their_cpu_backup(
     engine.resume_memory()
     engine.generate([[1]], SamplingParams(max_new_tokens=1))
     assert sglang.calls == [("release", tags), ("resume", tags), ("generate", None)]
+
+
+class WeightsEngine(StandInEngine):
+    """SGLang 0.5.17 serving merged weights: ``update_weights_from_tensor``."""
+
+    def update_weights_from_tensor(
+        self, payloads: list[bytes], load_format: str | None = None, flush_cache: bool = True
+    ) -> tuple[bool, str]:
+        self.calls.append(("update", payloads, load_format, flush_cache))
+        return (not self.fail_load, self.fail_load or "Success")
+
+
+class StubMerger:
+    def __init__(self) -> None:
+        self.merged: list[LoraAdapter] = []
+
+    def merge(self, adapter: LoraAdapter) -> FlatTensors:
+        self.merged.append(adapter)
+        return FlatTensors.pack({"model.layers.0.self_attn.q_proj.weight": torch.ones(4, 4)})
+
+
+def test_merged_the_adapter_replaces_the_weights_and_no_adapter_is_named() -> None:
+    packed: list[list[str]] = []
+
+    def pack(tensors: Any) -> list[bytes]:
+        packed.append(list(tensors))
+        return [b"rank-0"]
+
+    sglang, merger = WeightsEngine(), StubMerger()
+    engine = SGLangRolloutEngine(sglang, {}, pack=pack, merger=merger)
+    adapter = _adapter(2)
+    engine.load_adapter(adapter)
+    engine.generate([[1, 2]], SamplingParams(max_new_tokens=1))
+    assert merger.merged == [adapter]
+    assert packed == [["model.layers.0.self_attn.q_proj.weight"]]
+    assert sglang.calls == [
+        ("update", [b"rank-0"], "flattened_bucket", True),  # the prefix cache is stale
+        ("generate", None),
+    ]
+
+
+def test_a_failed_weight_update_raises_with_sglangs_reason() -> None:
+    sglang = WeightsEngine()
+    engine = SGLangRolloutEngine(sglang, {}, pack=lambda t: [b""], merger=StubMerger())
+    sglang.fail_load = "shape mismatch"
+    with pytest.raises(RuntimeError, match="merged weights: shape mismatch"):
+        engine.load_adapter(_adapter(1))
+
+
+def test_merged_weights_always_travel_as_flattened_buckets() -> None:
+    with pytest.raises(ValueError, match="packer"):
+        SGLangRolloutEngine(WeightsEngine(), {}, merger=StubMerger())
+    packer = bucket_packer(RecordingEngine(), {"tp_size": 2}, merged=True)
+    assert isinstance(packer, functools.partial) and packer.keywords == {"ranks": 2}

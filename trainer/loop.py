@@ -316,7 +316,7 @@ class GRPOLoop:
         self, samples: Sequence[Sample], rollout_id: int, *, evaluation: bool, attempt: int = 0
     ) -> list[Generation]:
         """`n` responses per sample, sampling seeded by (seed, rollout, round): a resumed run
-        samples what the uninterrupted run would have."""
+        samples what the uninterrupted run would have (unless ``--no-rollout-request-seeds``)."""
         rollout, evals = self.config.rollout, self.config.eval
         if evaluation:
             n, length = evals.n_samples_per_eval_prompt, evals.eval_max_response_len
@@ -330,12 +330,17 @@ class GRPOLoop:
             temperature=temperature,
             top_p=top_p,
             top_k=rollout.rollout_top_k,
-            seed=call_seed(self.config.misc.seed, salt, rollout_id, attempt),
+            seed=self.call_seed(salt, rollout_id, attempt),
             stop_token_ids=rollout.rollout_stop_token_ids or (),
             stop=rollout.rollout_stop or (),
         )
         prompts = [self.prompt_ids(s) for s in samples for _ in range(n)]
         return self.engines.generate(prompts, params)
+
+    def call_seed(self, purpose: str, rollout_id: int, attempt: int) -> int | None:
+        if not self.config.rollout.rollout_request_seeds:
+            return None
+        return call_seed(self.config.misc.seed, purpose, rollout_id, attempt)
 
     def rewards(
         self, samples: Sequence[Sample], generations: Sequence[Generation], n: int

@@ -59,7 +59,9 @@ SGLANG_CUDA: dict[str, Rule] = {
 # serves SM90 only for ALiBi or an explicit `flash_attn_version=2` (FA3 otherwise) and is imported
 # behind an ImportError guard; the MoE kernels (routing top-k, MoE align/permute/GEMM) load under
 # `contextlib.suppress(ImportError)`; `vllm-rs` is the Rust HTTP frontend of `vllm serve`.
+# FlashInfer is only imported there (its headers serve JIT compiles that path never makes).
 VLLM_SM90: dict[str, Rule] = {
+    "flashinfer-python": SGLANG_TRITON["flashinfer-python"],
     "vllm": Rule(
         drop=(
             "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",

@@ -156,10 +156,19 @@ def _step_split(records: list[dict]) -> dict[str, float]:
 
 
 def _run_job(
-    tmp_path: Path, hardware: str, *, gpus: int, train_backend: str, backends: str, rollouts: int
+    tmp_path: Path,
+    hardware: str,
+    *,
+    gpus: int,
+    train_backend: str,
+    backends: str,
+    rollouts: int,
+    serving: str = "adapter",
 ) -> tuple[list[dict], dict]:
     """The launcher's live train on `gpus` GPUs, interrupted after its first checkpoint and
-    resumed; returns the metrics and a report."""
+    resumed; returns the metrics and a report. `serving`: ``--lora-serving``; merged weights
+    lag the trainer by design (docs/lora.md), so the engine-trainer agreement is then reported,
+    not asserted."""
     from trainer import tiny
 
     model = tmp_path / "models" / "qwen3-0.6b-tiny-task"
@@ -169,13 +178,13 @@ def _run_job(
     extra = [
         "--prompt-data", str(tmp_path / "data" / "train.jsonl"), "--rm-type", "tiny",
         "--train-backend", train_backend, "--sglang-attention-backend", attention,
-        "--sglang-lora-backend", lora, "--check-adapter-sync",
+        "--sglang-lora-backend", lora, "--check-adapter-sync", "--lora-serving", serving,
         # A short run: no prefill CUDA graphs (80 s of capture at start-up on an H200), and
         # decode graphs only up to the rollout's 64 samples (SGLang's default on an H200 took
         # 36 batch sizes, 97 s, at each of the two starts).
         "--sglang-disable-prefill-cuda-graph", *DECODE_GRAPHS, *_micro_batches(train_backend, gpus),
     ]  # fmt: skip
-    run_id = f"{train_backend}-{backends}-{gpus}gpu"
+    run_id = f"{train_backend}-{backends}-{gpus}gpu-{serving}"
     flags = [
         "--num-rollout", str(rollouts), "--save-interval", str(SAVE_INTERVAL),
         "--rollout-max-response-len", "64", "--lr", "1e-4",
@@ -216,6 +225,7 @@ def _run_job(
     report = {
         "train_backend": train_backend,
         "backends": backends,
+        "serving": serving,
         "gpus": gpus,
         "resumed_from": killed_at,
         "train_rollout_logprob_abs_diff_mean": statistics.mean(
@@ -232,8 +242,9 @@ def _run_job(
         "median_s": _step_split(records),
     }
     print("RESULT " + json.dumps(report, sort_keys=True), flush=True)
-    assert report["train_rollout_logprob_abs_diff_mean"] < LOGPROB_DIFF_LIMIT, report
-    assert report["sync_diff_max"] < LOGPROB_DIFF_LIMIT, report  # every engine, every update
+    if serving == "adapter":
+        assert report["train_rollout_logprob_abs_diff_mean"] < LOGPROB_DIFF_LIMIT, report
+        assert report["sync_diff_max"] < LOGPROB_DIFF_LIMIT, report  # every engine, every update
     assert report["adapter_shift_max"] > 2 * LOGPROB_DIFF_LIMIT, report  # stale would show
     assert report["ranks_off_rank0_adapter"] == 0, report
     assert report["peft_vs_trainer"] < LOGPROB_DIFF_LIMIT, report
@@ -251,6 +262,20 @@ def test_production_job_on_one_gpu(tmp_path: Path, train_backend: str, backends:
     _run_job(
         tmp_path, hardware, gpus=1, train_backend=train_backend, backends=backends,
         rollouts=ROLLOUTS,
+    )  # fmt: skip
+
+
+@pytest.mark.cuda_gpu
+@pytest.mark.timeout(3000)
+def test_production_job_serving_merged_weights(tmp_path: Path) -> None:
+    """The same job with ``--lora-serving merged`` (PyTorch/PEFT trainer, Triton attention):
+    SGLang without LoRA, each update merged into the base's linear weights in the engine's actor
+    and sent over CUDA IPC. Checked as above but for the engine-trainer agreement, which the
+    report gives (the lag of bf16-rounded merged weights)."""
+    hardware = _skip_without_production_stack(1, "torch")
+    _run_job(
+        tmp_path, hardware, gpus=1, train_backend="torch", backends="amd-triton",
+        rollouts=ROLLOUTS, serving="merged",
     )  # fmt: skip
 
 

@@ -1,11 +1,13 @@
 """Live: the adapter payloads `trainer.backends.sglang_rollout` sends with
 ``load_format="flattened_bucket"`` unpickle in another process exactly as SGLang's scheduler
 unpickles them (``MultiprocessingSerializer.deserialize`` behind its restricted unpickler, then
-``FlattenedTensorBucket.reconstruct_tensors``), once per tensor-parallel rank.
+``FlattenedTensorBucket.reconstruct_tensors``), once per tensor-parallel rank; a buffer on the
+GPU (``--lora-serving merged``'s weights) travels as a CUDA IPC handle.
 
     pytest -m cuda_gpu tests/manual/test_sglang_adapter_bucket.py
 
-Needs SGLang (0.5.17: the release whose LoRA loading takes ``load_format``); no GPU work.
+Needs SGLang (0.5.17: the release whose LoRA loading takes ``load_format``) and, for the IPC
+case, a GPU.
 """
 
 from __future__ import annotations
@@ -36,12 +38,18 @@ def _scheduler_side(payload: bytes, queue: Queue) -> None:
 
 
 def _record(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
-    return str(tensor.dtype), tuple(tensor.shape), tensor.view(torch.int16).numpy().tobytes()
+    return str(tensor.dtype), tuple(tensor.shape), tensor.cpu().view(torch.int16).numpy().tobytes()
 
 
 @pytest.mark.cuda_gpu
-@pytest.mark.parametrize("packed", [False, True], ids=["dict", "flat-tensors"])
-def test_each_ranks_payload_rebuilds_the_adapter_in_another_process(packed: bool) -> None:
+@pytest.mark.parametrize(
+    ("packed", "device"),
+    [(False, "cpu"), (True, "cpu"), (True, "cuda")],
+    ids=["dict", "flat-tensors", "flat-tensors-cuda-ipc"],
+)
+def test_each_ranks_payload_rebuilds_the_tensors_in_another_process(
+    packed: bool, device: str
+) -> None:
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed")
     generator = torch.Generator().manual_seed(0)
@@ -52,7 +60,7 @@ def test_each_ranks_payload_rebuilds_the_adapter_in_another_process(packed: bool
         for layer in range(4)
         for ab in "AB"
     }
-    adapter = FlatTensors.pack(tensors) if packed else tensors  # the PEFT trainer's, Megatron's
+    adapter = FlatTensors.pack(tensors, device=device) if packed else tensors
     context = multiprocessing.get_context("spawn")
     for payload in flattened_bucket_payloads(adapter, ranks=2):
         queue = context.Queue()

@@ -13,7 +13,7 @@ memory (``safetensors``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,20 @@ class FlatEntry:
     end: int
 
 
+def layout(specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]]) -> tuple[FlatEntry, ...]:
+    """Consecutive entries for tensors of the given (name, dtype, shape), each aligned."""
+    import math
+
+    entries: list[FlatEntry] = []
+    start = 0
+    for name, dtype, shape in specs:
+        start += -start % ALIGNMENT
+        end = start + math.prod(shape) * dtype.itemsize
+        entries.append(FlatEntry(name, dtype, tuple(shape), start, end))
+        start = end
+    return tuple(entries)
+
+
 class FlatTensors(Mapping[str, "torch.Tensor"]):
     """`entries` of a 1-D contiguous ``uint8`` `buffer`, as a read-only mapping of views."""
 
@@ -52,21 +66,30 @@ class FlatTensors(Mapping[str, "torch.Tensor"]):
         """`tensors` (all on one device) concatenated there, then moved to `device` in one copy."""
         import torch
 
+        entries = layout((name, t.dtype, tuple(t.shape)) for name, t in tensors.items())
         parts: list[torch.Tensor] = []
-        entries: list[FlatEntry] = []
-        start = 0
-        for name, tensor in tensors.items():
-            if start % ALIGNMENT:
-                gap = ALIGNMENT - start % ALIGNMENT
-                parts.append(torch.zeros(gap, dtype=torch.uint8, device=tensor.device))
-                start += gap
-            part = tensor.detach().reshape(-1).view(torch.uint8)
-            end = start + part.numel()
-            parts.append(part)
-            entries.append(FlatEntry(name, tensor.dtype, tuple(tensor.shape), start, end))
-            start = end
+        end = 0
+        for entry, tensor in zip(entries, tensors.values(), strict=True):
+            if entry.start > end:
+                parts.append(
+                    torch.zeros(entry.start - end, dtype=torch.uint8, device=tensor.device)
+                )
+            parts.append(tensor.detach().reshape(-1).view(torch.uint8))
+            end = entry.end
         buffer = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
-        return cls(buffer if device is None else buffer.to(device), tuple(entries))
+        return cls(buffer if device is None else buffer.to(device), entries)
+
+    @classmethod
+    def allocate(
+        cls, specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]], *, device: Any
+    ) -> FlatTensors:
+        """Room for tensors of the given (name, dtype, shape) on `device`, uninitialised: fill
+        its views in place, without a second copy of them all."""
+        import torch
+
+        entries = layout(specs)
+        size = entries[-1].end if entries else 0
+        return cls(torch.empty(size, dtype=torch.uint8, device=device), entries)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         entry = self._by_name[name]

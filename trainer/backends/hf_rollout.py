@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.backends.base import Generation, LoraAdapter, SamplingParams
 from trainer.backends.devices import empty_cache, torch_dtype
+from trainer.backends.lora_merge import LoraMerger
+from trainer.config.lora import MERGED
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -129,15 +131,24 @@ class _StopStrings:
 
 
 class HFRolloutEngine:
-    """A transformers causal LM that samples responses; LoRA adapters arrive in memory."""
+    """A transformers causal LM that samples responses; LoRA adapters arrive in memory. With
+    `merged` each adapter is merged into the model's own linear weights (`lora_merge`) instead
+    of being served through PEFT."""
 
-    def __init__(self, model_path: str, *, device: str = "cpu", dtype: str = "fp32") -> None:
+    def __init__(
+        self, model_path: str, *, device: str = "cpu", dtype: str = "fp32", merged: bool = False
+    ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
 
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
         self.model.to(self.device).eval()
+        self.merger = (
+            LoraMerger.from_checkpoint(model_path, device=self.device, dtype=torch_dtype(dtype))
+            if merged
+            else None
+        )
         generation = self.model.generation_config
         eos = generation.eos_token_id if generation.eos_token_id is not None else []
         self.eos_ids: set[int] = set(eos if isinstance(eos, list) else [eos])
@@ -229,6 +240,9 @@ class HFRolloutEngine:
     def load_adapter(self, adapter: LoraAdapter) -> None:
         from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 
+        if self.merger is not None:
+            self._load_merged(adapter)
+            return
         if not isinstance(self.model, PeftModel):
             config = LoraConfig.from_peft_type(**dict(adapter.config))
             # the adapter in the model's dtype, as SGLang serves it and the trainer computes it
@@ -240,6 +254,15 @@ class HFRolloutEngine:
         missing = [key for key in result.missing_keys if ".lora_" in key]
         if missing:
             raise ValueError(f"adapter lacks {len(missing)} LoRA tensor(s), e.g. {missing[:3]}")
+        self.adapter_version = adapter.version
+
+    def _load_merged(self, adapter: LoraAdapter) -> None:
+        import torch
+
+        merged = self.merger.merge(adapter)
+        with torch.no_grad():
+            for name, weight in merged.items():
+                self.model.get_parameter(name).copy_(weight)
         self.adapter_version = adapter.version
 
     def score(self, token_ids: Sequence[int]) -> list[list[float]]:
@@ -268,4 +291,5 @@ def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> HFRoll
         config.checkpoint.hf_checkpoint,
         device=device,
         dtype=config.placement.resolve_dtype(device),
+        merged=config.lora.lora_serving == MERGED,
     )

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainer.backends.sglang_server_fields import SERVER_ARGS_FIELDS, SGLANG_VERSION
+from trainer.config.lora import MERGED
 from trainer.config.misc import MAX_SEED
 
 if TYPE_CHECKING:
@@ -352,18 +353,22 @@ def build_server_args(
         "base_gpu_id": base_gpu_id,
         "random_seed": (config.misc.seed + engine_index) % (MAX_SEED + 1),
         "dtype": _DTYPES[placement.dtype],
-        "enable_lora": True,
-        "max_lora_rank": lora.lora_rank,
-        "lora_target_modules": list(targets.hf),
-        "max_loras_per_batch": LORA_SLOTS,
         # Unset sampling fields take SGLang's neutral defaults, not the checkpoint's
         # generation_config.json (a min_p or repetition penalty would change the policy).
         "sampling_defaults": "openai",
     }
+    serves_adapter = lora.lora_serving != MERGED  # merged: plain weights, no LoRA at all
+    if serves_adapter:
+        kwargs.update(
+            enable_lora=True,
+            max_lora_rank=lora.lora_rank,
+            lora_target_modules=list(targets.hf),
+            max_loras_per_batch=LORA_SLOTS,
+        )
     optional = {
         "mem_fraction_static": sglang.sglang_mem_fraction_static,
         "chunked_prefill_size": sglang.sglang_chunked_prefill_size,
-        "lora_backend": sglang.sglang_lora_backend,
+        "lora_backend": sglang.sglang_lora_backend if serves_adapter else None,
         "attention_backend": sglang.sglang_attention_backend,
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})

@@ -25,6 +25,12 @@ takes ``load_format="flattened_bucket"`` (0.5.17), the adapter travels as one fl
 its names and shapes instead (SGLang's ``FlattenedTensorBucket`` layout, what miles sends): one
 segment, one round trip, whatever the adapter's size.
 
+With ``--lora-serving merged`` the engine runs without LoRA: each adapter is merged into the
+base's linear weights here (`trainer.backends.lora_merge`, on the engine's GPU) and those
+weights reach SGLang through ``update_weights_from_tensor`` as one flattened bucket, a CUDA IPC
+handle of the buffer rather than a copy (SGLang rebuilds the tensor on its side from the
+handle); SGLang flushes its prefix cache after the update.
+
 Each adapter load logs one line with how long packing the adapter, SGLang's load of it and its
 unload of the previous one took (logger ``trainer.backends.sglang_rollout``, INFO; SGLang
 configures the root logger at its log level, ``info`` unless ``--sglang-log-level`` says
@@ -46,22 +52,25 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.backends import registry
 from trainer.backends.base import Generation, LoraAdapter, SamplingParams
+from trainer.backends.devices import torch_dtype
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.generation_parsing import (
     parse_input_logprobs,
     parse_outputs,
     sampling_params,
 )
+from trainer.backends.lora_merge import LoraMerger
 from trainer.backends.sglang_args import build_server_args
+from trainer.config.lora import MERGED
 
 if TYPE_CHECKING:
     import torch
 
     from trainer.config import TrainConfig
 
-# Packs an adapter's tensors into the payloads ``load_format="flattened_bucket"`` takes: one
-# per tensor-parallel rank of the engine.
-AdapterPacker = Callable[[Mapping[str, "torch.Tensor"]], list[bytes]]
+# Packs named tensors (an adapter's, or merged weights) into the payloads
+# ``load_format="flattened_bucket"`` takes: one per tensor-parallel rank of the engine.
+BucketPacker = Callable[[Mapping[str, "torch.Tensor"]], list[bytes]]
 
 # SGLang's memory-saver tags (sglang/srt/constants.py, 0.5.9).
 KV_CACHE, WEIGHTS, CUDA_GRAPH = "kv_cache", "weights", "cuda_graph"
@@ -72,17 +81,23 @@ LOG = logging.getLogger(__name__)
 
 class SGLangRolloutEngine:
     """`engine`: an ``sglang.Engine`` started with `server_args` (`start` does both).
-    `pack_adapter`, where the engine takes flattened buckets, packs each adapter into them."""
+    `pack`, where the engine takes flattened buckets, packs each adapter into them. With a
+    `merger` the engine serves no adapter: each one is merged into the base weights, which
+    `pack` packs to replace the engine's."""
 
     def __init__(
         self,
         engine: Any,
         server_args: dict[str, Any],
         *,
-        pack_adapter: AdapterPacker | None = None,
+        pack: BucketPacker | None = None,
+        merger: LoraMerger | None = None,
     ) -> None:
+        if merger is not None and pack is None:
+            raise ValueError("merged weights reach SGLang as flattened buckets: give a packer")
         self._engine = engine
-        self._pack_adapter = pack_adapter
+        self._pack = pack
+        self._merger = merger
         self._release_tags = (
             [KV_CACHE, WEIGHTS, CUDA_GRAPH]
             if server_args.get("enable_weights_cpu_backup")
@@ -123,12 +138,16 @@ class SGLangRolloutEngine:
         return [parse_input_logprobs(token_ids, output, vocab_size)]
 
     def load_adapter(self, adapter: LoraAdapter) -> None:
-        """Serve `adapter` from now on: load it under a fresh name, then drop the previous one."""
+        """Serve `adapter` from now on: load it under a fresh name, then drop the previous one
+        (merged: replace the weights it covers with their merged values)."""
+        if self._merger is not None:
+            self._load_merged(adapter)
+            return
         name = f"policy-v{adapter.version}-{next(self._names)}"
         config = dict(adapter.config)
         started = packed = time.perf_counter()
-        if self._pack_adapter is not None:
-            payloads = self._pack_adapter(adapter.tensors)
+        if self._pack is not None:
+            payloads = self._pack(adapter.tensors)
             packed = time.perf_counter()
             result = self._engine.load_lora_adapter_from_tensors(
                 name, payloads, config, load_format="flattened_bucket"
@@ -149,6 +168,21 @@ class SGLangRolloutEngine:
             "%.3f s",
             name, len(adapter.tensors), packed - started, loaded - packed, previous or "(none)",
             time.perf_counter() - loaded,
+        )  # fmt: skip
+
+    def _load_merged(self, adapter: LoraAdapter) -> None:
+        started = time.perf_counter()
+        merged = self._merger.merge(adapter)
+        payloads = self._pack(merged)
+        packed = time.perf_counter()
+        success, message = self._engine.update_weights_from_tensor(
+            payloads, load_format="flattened_bucket", flush_cache=True
+        )
+        if not success:
+            raise RuntimeError(f"SGLang could not take the merged weights: {message}")
+        LOG.info(
+            "adapter v%d merged into %d weights in %.3f s, loaded in %.3f s",
+            adapter.version, len(merged), packed - started, time.perf_counter() - packed,
         )  # fmt: skip
 
     def _write(self, name: str, adapter: LoraAdapter) -> Path:
@@ -183,27 +217,38 @@ class SGLangRolloutEngine:
 def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> SGLangRolloutEngine:
     """Engine `engine_index`, whose first GPU is `device` (``cuda:<index>``), spanning
     ``--rollout-num-gpus-per-engine`` consecutive GPUs."""
-    return start(
-        build_server_args(
-            config,
-            registry.adapter_targets(config),
-            base_gpu_id=registry.gpu_index(device),
-            engine_index=engine_index,
-        )
+    server_args = build_server_args(
+        config,
+        registry.adapter_targets(config),
+        base_gpu_id=registry.gpu_index(device),
+        engine_index=engine_index,
     )
+    merger = None
+    if config.lora.lora_serving == MERGED:
+        merger = LoraMerger.from_checkpoint(
+            config.checkpoint.hf_checkpoint,
+            device=device,
+            dtype=torch_dtype(config.placement.resolve_dtype(device)),
+        )
+    return start(server_args, merger=merger)
 
 
-def start(server_args: dict[str, Any]) -> SGLangRolloutEngine:
+def start(server_args: dict[str, Any], *, merger: LoraMerger | None = None) -> SGLangRolloutEngine:
     import sglang
 
     engine = sglang.Engine(**server_args)
-    return SGLangRolloutEngine(engine, server_args, pack_adapter=bucket_packer(engine, server_args))
+    pack = bucket_packer(engine, server_args, merged=merger is not None)
+    return SGLangRolloutEngine(engine, server_args, pack=pack, merger=merger)
 
 
-def bucket_packer(engine: Any, server_args: dict[str, Any]) -> AdapterPacker | None:
-    """The packer for `engine` where its adapter loading takes flattened buckets, else None."""
+def bucket_packer(
+    engine: Any, server_args: dict[str, Any], *, merged: bool = False
+) -> BucketPacker | None:
+    """The packer for `engine`: for merged weights (``update_weights_from_tensor`` takes
+    flattened buckets), or where its adapter loading takes them; else None."""
     load = getattr(engine, "load_lora_adapter_from_tensors", None)
-    if load is None or "load_format" not in inspect.signature(load).parameters:
+    takes_buckets = load is not None and "load_format" in inspect.signature(load).parameters
+    if not (merged or takes_buckets):
         return None
     return functools.partial(flattened_bucket_payloads, ranks=server_args.get("tp_size", 1))
 
@@ -211,13 +256,20 @@ def bucket_packer(engine: Any, server_args: dict[str, Any]) -> AdapterPacker | N
 def flattened_bucket_payloads(tensors: Mapping[str, torch.Tensor], *, ranks: int) -> list[bytes]:
     """`tensors` as one SGLang ``FlattenedTensorBucket`` (its buffer and its own metadata class,
     which the scheduler's restricted unpickler accepts), serialized once per tensor-parallel
-    rank: each rank unpickles its own copy, and a shared-memory segment's descriptor can be
-    fetched once per pickle. A `FlatTensors` already is the bucket's buffer: no copy."""
+    rank: each rank unpickles its own copy, and a shared-memory segment's descriptor (or a
+    CUDA buffer's IPC handle) can be taken once per pickle. A `FlatTensors` already is the
+    bucket's buffer: no copy."""
     import torch
     from sglang.srt.utils import MultiprocessingSerializer
+    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
     flat = tensors if isinstance(tensors, FlatTensors) else FlatTensors.pack(tensors)
+    if flat.buffer.is_cuda:
+        # SGLang's pickling of CUDA tensors names the GPU by UUID, not by an index that
+        # differs between processes with different CUDA_VISIBLE_DEVICES; its scheduler reads
+        # it so (its weight_sync helpers patch the sender alike).
+        monkey_patch_torch_reductions()
     metadata = [
         FlattenedTensorMetadata(
             name=entry.name,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from trainer.config.flags import flag, fraction, positive, split_list
 
 ALL_LINEAR = "all-linear"
+ADAPTER, MERGED = "adapter", "merged"
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,15 @@ class LoraConfig:
     target_modules: str = flag(ALL_LINEAR, help='comma list or "all-linear"')
     exclude_modules: str | None = flag(None, help="comma list of modules to leave without LoRA")
     lora_base_cpu_backup: bool = flag(False)
+    lora_serving: str = flag(
+        ADAPTER,
+        choices=(ADAPTER, MERGED),
+        help="how the rollout engines serve the policy: the base with the adapter through their "
+        "LoRA kernels (adapter), or the adapter merged into the base's linear weights, served "
+        "without LoRA kernels (merged: faster decoding, but the merged weights are rounded to "
+        "the engine's dtype, and in bf16 most of a small update is lost to that rounding: the "
+        "rollout policy lags the trained one, as with TRL + vLLM; pair it with --use-tis)",
+    )
 
     def modules(self) -> str | tuple[str, ...]:
         """``"all-linear"`` or the names of the modules LoRA wraps, as given."""

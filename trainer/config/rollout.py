@@ -35,6 +35,13 @@ class RolloutConfig:
     rollout_stop_token_ids: tuple[int, ...] | None = flag(
         None, nargs="+", metavar="ID", help="token ids that end a response, besides EOS"
     )
+    rollout_request_seeds: bool = flag(
+        True,
+        negated="--no-rollout-request-seeds",
+        help="leave the engines to sample from their own random state instead of from one "
+        "seed per request (reruns and resumed runs then sample differently; SGLang samples "
+        "faster without seeds)",
+    )
     over_sampling_batch_size: int | None = flag(
         None,
         help="prompts per generation round with dynamic sampling (default --rollout-batch-size)",

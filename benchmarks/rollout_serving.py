@@ -1,0 +1,182 @@
+"""Rollout throughput of ours' SGLang engine per way of serving the LoRA policy, with and
+without per-request seeds, on `grpo_vs_trl.py`'s workload.
+
+* *adapter* (`--lora-serving adapter`, the default): the engine serves the base with the adapter
+  through SGLang's LoRA kernels; an update loads the adapter (77 MiB at the 0.6B shape).
+* *merged* (`--lora-serving merged`): the adapter is merged into the base's linear weights
+  (`trainer.backends.lora_merge`) and those replace the engine's through
+  ``update_weights_from_tensor``; decoding runs no LoRA kernels.
+
+Per-request seeds (the default, the determinism contract) make SGLang sample each token with its
+seeded Gumbel sampler over the vocabulary; `--no-rollout-request-seeds` leaves it
+``torch.multinomial``. Each way of serving gets its own engine, in its own process, with the
+benchmark's SGLang settings (`grpo_vs_trl.SGLANG_FLAGS`, memory kept, `--ours-flags` added); one
+random adapter (r64, all linear layers) is loaded `--repeats` + 1 times, then 8 prompts x 8
+samples x 512 tokens are generated once to warm up and `--repeats` times each with and without
+seeds, alternating. Reported: rollout tokens/s (generated tokens over the generate call, prefill
+included), its share of the decode bound of `grpo_vs_trl.py` (weights, LoRA and KV cache read
+once per decode step; the merged engine reads no LoRA weights, but the bound keeps them, so the
+shares compare), and the median time of one update (merge or adapter, hand-over, SGLang's load).
+
+    python benchmarks/rollout_serving.py                       # adapter and merged, H200
+    python benchmarks/rollout_serving.py --serving merged --ours-flags='--sglang-lora-backend csgmv'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.grpo_vs_trl import (
+    MODEL_SHAPES,
+    SGLANG_FLAGS,
+    TARGETS,
+    Spec,
+    build_inputs,
+    count_params,
+    decode_bound,
+    ours_argv,
+    prompts_of,
+)
+
+SERVINGS = ("adapter", "merged")
+RANK, ALPHA = 64, 32
+
+
+def random_adapter(spec: Spec, seed: int) -> Any:
+    """An r64 adapter on every linear layer of `spec`'s model, A and B random (bf16)."""
+    import torch
+
+    from trainer.backends.base import LoraAdapter
+
+    s = spec.model_shape
+    hidden, inter = s["hidden_size"], s["intermediate_size"]
+    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
+    shapes = {  # module: (in features, out features)
+        "self_attn.q_proj": (hidden, q), "self_attn.k_proj": (hidden, kv),
+        "self_attn.v_proj": (hidden, kv), "self_attn.o_proj": (q, hidden),
+        "mlp.gate_proj": (hidden, inter), "mlp.up_proj": (hidden, inter),
+        "mlp.down_proj": (inter, hidden),
+    }  # fmt: skip
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(s["num_hidden_layers"]):
+        for module, (fan_in, fan_out) in shapes.items():
+            name = f"base_model.model.model.layers.{layer}.{module}"
+            for key, shape in (("lora_A", (RANK, fan_in)), ("lora_B", (fan_out, RANK))):
+                values = torch.randn(shape, generator=generator) * 0.01
+                tensors[f"{name}.{key}.weight"] = values.to(torch.bfloat16)
+    config = {
+        "peft_type": "LORA", "r": RANK, "lora_alpha": ALPHA, "target_modules": TARGETS,
+        "lora_dropout": 0.0, "bias": "none", "use_rslora": False, "use_dora": False,
+    }  # fmt: skip
+    return LoraAdapter(tensors=tensors, config=config, version=1)
+
+
+def measure(spec: Spec, serving: str, repeats: int, conn: Connection) -> None:
+    """In a worker process: one engine serving `serving`, its update and generate times."""
+    try:
+        from transformers import AutoTokenizer
+
+        from trainer.arguments import parse_args
+        from trainer.backends import registry
+        from trainer.backends.base import SamplingParams
+
+        args = parse_args([*ours_argv(spec, 1), "--lora-serving", serving])
+        engine = registry.create_rollout(args, "cuda:0")
+        adapter = random_adapter(spec, spec.seed)
+        updates = []
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            engine.load_adapter(adapter)
+            updates.append(time.perf_counter() - started)
+        tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+        texts = prompts_of(spec)[: spec.prompts]
+        prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        prompts = [p for p in prompts for _ in range(spec.samples)]
+        times: dict[str, list[float]] = {"seeded": [], "unseeded": []}
+        tokens: dict[str, int] = {"seeded": 0, "unseeded": 0}
+        for index in range(repeats + 1):
+            for kind, seed in (("seeded", 1000 + index), ("unseeded", None)):
+                params = SamplingParams(max_new_tokens=spec.response_len, seed=seed)
+                started = time.perf_counter()
+                generations = engine.generate(prompts, params)
+                elapsed = time.perf_counter() - started
+                if index:  # the first round warms up
+                    times[kind].append(elapsed)
+                    tokens[kind] += sum(len(g.response_ids) for g in generations)
+        engine.shutdown()
+        conn.send(("result", {"updates": updates[1:], "times": times, "tokens": tokens}))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+
+
+def run(spec: Spec, serving: str, repeats: int) -> dict[str, Any]:
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=measure, args=(spec, serving, repeats, child))
+    process.start()
+    child.close()
+    try:
+        tag, payload = parent.recv()
+    except EOFError:
+        tag, payload = "error", f"worker exited with code {process.exitcode}"
+    process.join(timeout=120)
+    if tag == "error":
+        sys.exit(f"rollout_serving: {serving} failed:\n{payload}")
+    return payload
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=tuple(MODEL_SHAPES), default="qwen3-0.6b")
+    parser.add_argument("--serving", default=",".join(SERVINGS), help="comma list of servings")
+    parser.add_argument("--repeats", type=int, default=3, help="timed generate calls per kind")
+    parser.add_argument("--ours-flags", default="", help="more train.py flags, after '='")
+    parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    options = parser.parse_args(argv)
+    servings = [s.strip() for s in options.serving.split(",") if s.strip()]
+    if not servings or any(s not in SERVINGS for s in servings) or options.repeats < 1:
+        parser.error(f"--serving: a comma list of {', '.join(SERVINGS)}; --repeats >= 1")
+    with tempfile.TemporaryDirectory(prefix="rollout-serving-") as work:
+        spec = Spec(
+            work=work, device="cuda", tiny=False, prompts=8, samples=8, prompt_len=256,
+            response_len=512, micro_batch=16, lr=2e-5, seed=42, rollout_backend="sglang",
+            shape=options.shape, ours_flags=shlex.split(options.ours_flags), ours_memory="keep",
+        )  # fmt: skip
+        build_inputs(spec, rows=spec.prompts)
+        results = {serving: run(spec, serving, options.repeats) for serving in servings}
+    base, lora = count_params(spec)
+    bound = decode_bound(spec, options.hbm_tbps, base, lora)
+    print(f"\n{options.shape}, 8 prompts x 8 samples, 256 + 512 tokens, decode bound {bound:.0f} "
+          f"tok/s at {options.hbm_tbps} TB/s; {SGLANG_FLAGS} {options.ours_flags}")  # fmt: skip
+    print(
+        f"{'serving':<8} {'seeds':<9} {'median s':>9} {'tok/s':>8} {'of bound':>9} {'update s':>9}"
+    )
+    for serving, r in results.items():
+        update = statistics.median(r["updates"])
+        for kind, times in r["times"].items():
+            rate = r["tokens"][kind] / sum(times)
+            print(
+                f"{serving:<8} {kind:<9} {statistics.median(times):>9.3f} {rate:>8.0f} "
+                f"{rate / bound:>9.1%} {update:>9.3f}"
+            )
+    if options.json:
+        options.json.write_text(json.dumps({"bound": bound, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""A LoRA adapter folded into its base model's linear weights, for ``--lora-serving merged``.
+
+Served through an adapter, every adapted projection of every decode step runs the engine's LoRA
+kernels beside the base matrix multiplication; served merged, the engine runs the plain model
+with ``W' = W + scaling * B @ A`` in place of each adapted ``W`` (what TRL does for vLLM). The
+engine keeps the base ``W`` of the adapted layers (read once from the checkpoint, in the
+engine's dtype, so it equals the trainer's frozen base), and each update computes every ``W'``
+in float32 and rounds it once to that dtype: the merged weights never drift from repeated
+merging and unmerging. ``scaling`` is PEFT's: ``lora_alpha / r``, or ``lora_alpha / sqrt(r)``
+with rsLoRA.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.backends.base import LoraAdapter
+from trainer.backends.flat_tensors import FlatTensors
+
+if TYPE_CHECKING:
+    import torch
+
+PEFT_PREFIX = "base_model.model."
+LORA_A, LORA_B = ".lora_A.weight", ".lora_B.weight"
+
+
+class MergeError(ValueError):
+    """An adapter that cannot be merged into this base."""
+
+
+@dataclass(frozen=True)
+class LoraLayer:
+    """One adapted linear layer: its module path in the base model (Hugging Face names) and
+    the adapter's keys of its A and B matrices."""
+
+    module: str
+    a: str
+    b: str
+
+    @property
+    def weight(self) -> str:
+        return f"{self.module}.weight"
+
+
+def lora_layers(names: Iterable[str]) -> tuple[LoraLayer, ...]:
+    """The adapted layers of an adapter with these PEFT state-dict keys, in key order."""
+    modules: dict[str, set[str]] = {}
+    for name in names:
+        suffix = LORA_A if name.endswith(LORA_A) else LORA_B if name.endswith(LORA_B) else None
+        if suffix is None or not name.startswith(PEFT_PREFIX):
+            raise MergeError(f"adapter tensor {name!r} is not a PEFT LoRA A or B matrix")
+        modules.setdefault(name[len(PEFT_PREFIX) : -len(suffix)], set()).add(suffix)
+    unpaired = [module for module, found in modules.items() if len(found) != 2]
+    if unpaired:
+        raise MergeError(f"adapter has only one of A and B for {unpaired[0]}")
+    return tuple(
+        LoraLayer(m, f"{PEFT_PREFIX}{m}{LORA_A}", f"{PEFT_PREFIX}{m}{LORA_B}") for m in modules
+    )
+
+
+def lora_scaling(config: Mapping[str, Any]) -> float:
+    """PEFT's scaling of ``B @ A`` for an adapter config (``adapter_config.json`` as a dict)."""
+    for field in ("rank_pattern", "alpha_pattern"):
+        if config.get(field):
+            raise MergeError(f"adapter config has a {field}: per-module ranks are not merged")
+    if config.get("use_dora"):
+        raise MergeError("DoRA adapters are not merged (their magnitude vector rescales W)")
+    rank, alpha = config["r"], config["lora_alpha"]
+    return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+
+
+def merged_weight(
+    base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """``base + scaling * b @ a`` computed in float32, in `base`'s dtype."""
+    import torch
+
+    return torch.addmm(base.float(), b.float(), a.float(), alpha=scaling).to(base.dtype)
+
+
+class LoraMerger:
+    """Merges adapters into the base weights of their layers. `load_base(names)` returns the
+    base weights of those names (``model.layers.0.self_attn.q_proj.weight``, ...); they are
+    read on the first merge and kept on `device`."""
+
+    def __init__(
+        self, load_base: Callable[[list[str]], Mapping[str, torch.Tensor]], device: Any
+    ) -> None:
+        self._load_base = load_base
+        self.device = device
+        self.base: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, *, device: Any, dtype: torch.dtype) -> LoraMerger:
+        return cls(lambda names: read_weights(Path(path), names, dtype), device)
+
+    def merge(self, adapter: LoraAdapter) -> FlatTensors:
+        """The merged weights of every layer `adapter` covers, in one buffer on the device."""
+        layers = lora_layers(adapter.tensors)
+        scaling = lora_scaling(adapter.config)
+        missing = [layer.weight for layer in layers if layer.weight not in self.base]
+        if missing:
+            loaded = self._load_base(missing)
+            self.base.update({name: w.to(self.device) for name, w in loaded.items()})
+        merged = FlatTensors.allocate(
+            ((layer.weight, self.base[layer.weight].dtype, tuple(self.base[layer.weight].shape))
+             for layer in layers),
+            device=self.device,
+        )  # fmt: skip
+        for layer in layers:
+            a = adapter.tensors[layer.a].to(self.device, non_blocking=True)
+            b = adapter.tensors[layer.b].to(self.device, non_blocking=True)
+            base = self.base[layer.weight]
+            if (b.shape[0], a.shape[1]) != tuple(base.shape):
+                raise MergeError(
+                    f"{layer.module}: adapter B @ A is {b.shape[0]}x{a.shape[1]}, the base "
+                    f"weight {tuple(base.shape)}"
+                )
+            merged[layer.weight].copy_(merged_weight(base, a, b, scaling))
+        return merged
+
+
+def read_weights(path: Path, names: Iterable[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Tensors `names` of the checkpoint at `path` (its ``*.safetensors`` files), in `dtype`."""
+    from safetensors import safe_open
+
+    wanted = set(names)
+    found: dict[str, torch.Tensor] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as tensors:
+            for name in wanted.intersection(tensors.keys()):
+                found[name] = tensors.get_tensor(name).to(dtype)
+    missing = sorted(wanted - found.keys())
+    if missing:
+        raise MergeError(f"{path} has no weight {missing[0]} for the adapter to merge into")
+    return found
