@@ -120,6 +120,8 @@ def test_the_model_shape_is_read_from_the_checkpoint_files(model):
     frozen = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
     assert shape.parameters == frozen
     assert shape.lora_parameters == sum(p.numel() for p in trainer.params)
+    adapted = [m.base_layer.weight for n, m in base.named_modules() if hasattr(m, "base_layer")]
+    assert shape.adapted_parameters == sum(w.numel() for w in adapted) > 0
     assert (shape.hidden_size, shape.num_layers) == (64, 2)
     assert shape.kv_bytes_per_token_16bit == 2 * 2 * 2 * 16 * 2
 
@@ -178,3 +180,12 @@ def test_sglang_engines_weigh_their_static_fraction(model):
     plan = colocate_memory.estimate(config, shape, device=device)
     assert plan.engine == 4 * GIB
     assert "--sglang-mem-fraction-static 0.5 of the GPU" in plan.line()
+
+
+def test_an_engine_serving_merged_weights_also_holds_the_adapted_weights_twice(model):
+    config = parse_args(argv(model, *SGLANG_AUTO, "--lora-serving", "merged"))
+    shape = colocate_memory.model_shape_for(config)
+    device = memory_estimate.DeviceMemory(free=8 * GIB, total=8 * GIB)
+    plan = colocate_memory.estimate(config, shape, device=device)
+    assert plan.engine == 4 * GIB + 2 * shape.adapted_parameters * 2
+    assert "(--lora-serving merged)" in plan.line()

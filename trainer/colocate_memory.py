@@ -18,6 +18,7 @@ from trainer import memory_estimate, model_shape
 from trainer.arguments import PROG
 from trainer.backends import registry
 from trainer.config import TrainConfig
+from trainer.config.lora import MERGED
 from trainer.errors import UsageError
 from trainer.memory_estimate import DeviceMemory, MemoryPlan, ModelShape
 
@@ -90,6 +91,9 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
             sequence_tokens=sequence_tokens(config),
         )
         source = f"weights and the KV cache of {sequences} samples"
+    if config.lora.lora_serving == MERGED:
+        engine += memory_estimate.merged_serving_memory(shape, dtype_bytes=dtype_bytes)
+        source += ", + the adapted weights twice to merge into (--lora-serving merged)"
     return memory_estimate.plan(trainer, engine=engine, engine_source=source, device=device)
 
 

@@ -44,6 +44,7 @@ class ModelShape:
     num_layers: int
     vocab_size: int
     kv_bytes_per_token_16bit: int  # K and V of one token over all layers, in 16-bit
+    adapted_parameters: int = 0  # of the weights LoRA adapts (a merged engine copies them)
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,12 @@ def resident_engine_memory(
     sequences of `sequence_tokens` tokens."""
     kv = shape.kv_bytes_per_token_16bit * dtype_bytes // 2 * sequences * sequence_tokens
     return shape.parameters * dtype_bytes + kv
+
+
+def merged_serving_memory(shape: ModelShape, *, dtype_bytes: int) -> int:
+    """What an engine serving merged weights (``--lora-serving merged``) holds beside its own:
+    the base of the adapted weights to merge into, and the merged set of one update."""
+    return 2 * shape.adapted_parameters * dtype_bytes
 
 
 def plan(

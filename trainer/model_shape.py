@@ -30,16 +30,23 @@ def tensor_shapes(model_dir: Path) -> Iterator[tuple[str, list[int]]]:
                 yield name, list(tensors.get_slice(name).get_shape())
 
 
+def adapted_shapes(
+    shapes: Sequence[tuple[str, list[int]]], targets: Sequence[str]
+) -> list[list[int]]:
+    """The [out, in] shapes of every 2-D ``<target>.weight``: the weights LoRA adapts."""
+    wanted = set(targets)
+    return [
+        shape
+        for name, shape in shapes
+        if len(shape) == 2 and name.endswith(".weight") and name.split(".")[-2] in wanted
+    ]
+
+
 def lora_parameters(
     shapes: Sequence[tuple[str, list[int]]], rank: int, targets: Sequence[str]
 ) -> int:
-    """LoRA A and B of every 2-D ``<target>.weight`` [out, in]: rank x (in + out) each."""
-    wanted = set(targets)
-    return sum(
-        rank * (shape[0] + shape[1])
-        for name, shape in shapes
-        if len(shape) == 2 and name.endswith(".weight") and name.split(".")[-2] in wanted
-    )
+    """LoRA A and B of every adapted weight [out, in]: rank x (in + out) each."""
+    return sum(rank * (out + in_) for out, in_ in adapted_shapes(shapes, targets))
 
 
 def _text_config(model_dir: Path) -> dict[str, Any]:
@@ -64,4 +71,5 @@ def read(model_dir: Path, *, lora_rank: int, lora_targets: Sequence[str]) -> Mod
         num_layers=layers,
         vocab_size=vocab,
         kv_bytes_per_token_16bit=2 * layers * kv_heads * head_dim * 2,
+        adapted_parameters=sum(out * in_ for out, in_ in adapted_shapes(shapes, lora_targets)),
     )
