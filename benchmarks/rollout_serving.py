@@ -19,7 +19,7 @@ once per decode step; the merged engine reads no LoRA weights, but the bound kee
 shares compare), and the median time of one update (merge or adapter, hand-over, SGLang's load).
 
     python benchmarks/rollout_serving.py                       # adapter and merged, H200
-    python benchmarks/rollout_serving.py --serving merged --ours-flags='--sglang-lora-backend csgmv'
+    python benchmarks/rollout_serving.py --serving adapter --ours-flags=--sglang-lora-backend=csgmv
 """
 
 from __future__ import annotations

@@ -330,14 +330,15 @@ class GRPOLoop:
             temperature=temperature,
             top_p=top_p,
             top_k=rollout.rollout_top_k,
-            seed=self.call_seed(salt, rollout_id, attempt),
+            seed=self.seed_for(salt, rollout_id, attempt),
             stop_token_ids=rollout.rollout_stop_token_ids or (),
             stop=rollout.rollout_stop or (),
         )
         prompts = [self.prompt_ids(s) for s in samples for _ in range(n)]
         return self.engines.generate(prompts, params)
 
-    def call_seed(self, purpose: str, rollout_id: int, attempt: int) -> int | None:
+    def seed_for(self, purpose: str, rollout_id: int, attempt: int) -> int | None:
+        """The generate call's seed (`call_seed`), or none with ``--no-rollout-request-seeds``."""
         if not self.config.rollout.rollout_request_seeds:
             return None
         return call_seed(self.config.misc.seed, purpose, rollout_id, attempt)

@@ -34,16 +34,24 @@ class MergeError(ValueError):
 
 @dataclass(frozen=True)
 class LoraLayer:
-    """One adapted linear layer: its module path in the base model (Hugging Face names) and
-    the adapter's keys of its A and B matrices."""
+    """One adapted linear layer, by its module path in the base model (Hugging Face names)."""
 
     module: str
-    a: str
-    b: str
 
     @property
     def weight(self) -> str:
+        """The base's weight name."""
         return f"{self.module}.weight"
+
+    @property
+    def a(self) -> str:
+        """The adapter's key of the layer's A matrix."""
+        return f"{PEFT_PREFIX}{self.module}{LORA_A}"
+
+    @property
+    def b(self) -> str:
+        """The adapter's key of the layer's B matrix."""
+        return f"{PEFT_PREFIX}{self.module}{LORA_B}"
 
 
 def lora_layers(names: Iterable[str]) -> tuple[LoraLayer, ...]:
@@ -57,9 +65,7 @@ def lora_layers(names: Iterable[str]) -> tuple[LoraLayer, ...]:
     unpaired = [module for module, found in modules.items() if len(found) != 2]
     if unpaired:
         raise MergeError(f"adapter has only one of A and B for {unpaired[0]}")
-    return tuple(
-        LoraLayer(m, f"{PEFT_PREFIX}{m}{LORA_A}", f"{PEFT_PREFIX}{m}{LORA_B}") for m in modules
-    )
+    return tuple(LoraLayer(module) for module in modules)
 
 
 def lora_scaling(config: Mapping[str, Any]) -> float:
