@@ -96,9 +96,12 @@ SGLANG_FLAGS = (
     "--sglang-log-level warning"
 )
 # ours' colocated memory (`--ours-memory`): swapped around training with the base backed up on
-# the host, as the recipes run it, both sides resident all along, or train.py's estimate picks
+# the host, as the recipes run it; only the engine's KV cache and CUDA graphs given back during
+# training (its weights stay, nothing is copied); both sides resident all along; or train.py's
+# estimate picks
 OURS_MEMORY = {
     "release": ["--lora-base-cpu-backup"],
+    "release-kv": ["--colocate-memory", "release"],
     "keep": ["--colocate-memory", "keep"],
     "auto": ["--colocate-memory", "auto", "--lora-base-cpu-backup"],
 }
@@ -225,7 +228,9 @@ class PeakMemory:
     """Peak memory of this process tree while running, sampled every 20 ms. On CUDA: NVML's
     per-process usage (SGLang's scheduler processes included); where NVML reports process ids
     of another namespace (containers), the device's used memory above `baseline` instead, which
-    then also holds the other system's idle tensors. On the CPU: the resident set."""
+    then also holds the other system's idle tensors. On the CPU: the resident set. `peak_own`:
+    this process's share at the moment of the peak (the rest is its children's: SGLang's
+    scheduler, vLLM's workers), where usage is per process."""
 
     def __init__(self, device: str, baseline: int) -> None:
         import psutil
@@ -234,6 +239,7 @@ class PeakMemory:
         self.baseline = baseline
         self.process = psutil.Process()
         self.peak = 0
+        self.peak_own = 0
         self.per_process = not self.cuda
         self._stop = threading.Event()
         self._handle: Any = None
@@ -248,29 +254,30 @@ class PeakMemory:
     def _pids(self) -> set[int]:
         return {self.process.pid, *(c.pid for c in self.process.children(recursive=True))}
 
-    def sample(self) -> int:
+    def sample(self) -> tuple[int, int]:
+        """Bytes in use by the process tree, and by this process alone (0 where unknown)."""
         pids = self._pids()
         if not self.cuda:
             import psutil
 
-            total = 0
+            used = {}
             for pid in pids:
                 try:
-                    total += psutil.Process(pid).memory_info().rss
+                    used[pid] = psutil.Process(pid).memory_info().rss
                 except psutil.NoSuchProcess:
                     continue
-            return total
+            return sum(used.values()), used.get(self.process.pid, 0)
         import pynvml
 
-        used = [
-            p.usedGpuMemory or 0
+        used = {
+            p.pid: p.usedGpuMemory or 0
             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
             if p.pid in pids
-        ]
+        }
         self.per_process = self.per_process or bool(used)
         if self.per_process:
-            return sum(used)
-        return pynvml.nvmlDeviceGetMemoryInfo(self._handle).used - self.baseline
+            return sum(used.values()), used.get(self.process.pid, 0)
+        return pynvml.nvmlDeviceGetMemoryInfo(self._handle).used - self.baseline, 0
 
     def idle(self) -> None:
         """Between steps (untimed): hand cached blocks back to the device, so that the systems
@@ -285,12 +292,14 @@ class PeakMemory:
     def _run(self) -> None:
         while not self._stop.wait(0.02):
             try:
-                self.peak = max(self.peak, self.sample())
+                total, own = self.sample()
             except Exception:  # a process that ended between listing and reading it
                 continue
+            if total > self.peak:
+                self.peak, self.peak_own = total, own
 
     def reset(self) -> None:
-        self.peak = 0
+        self.peak = self.peak_own = 0
 
     def stop(self) -> int:
         self._stop.set()
@@ -634,7 +643,8 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, path: list[str], co
                 conn.send(asdict(step))
             system.close()
         allocated = torch.cuda.max_memory_allocated() if spec.device.startswith("cuda") else 0
-        conn.send(("memory", memory.stop(), allocated, memory.per_process))
+        peak = memory.stop()
+        conn.send(("memory", peak, memory.peak_own, allocated, memory.per_process))
     except UsageError as err:  # ours' argv, e.g. a bad --ours-flags: one line
         conn.send(("error", f"train.py flags: {err}"))
     except BaseException:
@@ -680,10 +690,10 @@ class Worker:
         self.conn.send("step")
         return StepTime(**self.receive())  # plain dicts cross the pipe, not __mp_main__ classes
 
-    def finish(self) -> tuple[int, float, bool]:
-        _, peak, allocated, per_process = self.expect("memory")
+    def finish(self) -> tuple[int, int, float, bool]:
+        _, peak, peak_own, allocated, per_process = self.expect("memory")
         self.process.join(timeout=120)
-        return peak, allocated, per_process
+        return peak, peak_own, allocated, per_process
 
 
 # ---------------------------------------------------------------------------- report
@@ -783,6 +793,14 @@ def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> N
             f"{peak:>28} {allocated:>16}"
         )
     print(f"peak memory: {where}; torch alloc: the worker process's own tensors")
+    if per_process:
+        print(
+            "at its peak, the worker process itself / its child processes (GiB): "
+            + ", ".join(
+                f"{name} {r['peak_own'] / GIB:.2f} / {(r['peak'] - r['peak_own']) / GIB:.2f}"
+                for name, r in results.items()
+            )
+        )
     for name, r in results.items():
         phases = phase_medians(r["times"])
         if phases:
@@ -879,7 +897,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         choices=tuple(OURS_MEMORY),
         default="release",
         help="ours' colocated GPU memory: swapped around training (release, as the recipes), "
-        "engine and trainer both resident (keep), or train.py's estimate decides (auto)",
+        "the engine's KV cache and CUDA graphs only (release-kv), engine and trainer both "
+        "resident (keep), or train.py's estimate decides (auto)",
     )
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
@@ -993,11 +1012,12 @@ def run_systems(
             )
     results = {}
     for kind, w in workers.items():
-        peak, allocated, per_process = w.finish()
+        peak, peak_own, allocated, per_process = w.finish()
         results[kind] = {
             "times": [asdict(t) for t in times[kind]],
             "summary": summary(times[kind]),
             "peak": peak,
+            "peak_own": peak_own,
             "allocated": allocated,
             "per_process": per_process,
             "versions": w.versions,

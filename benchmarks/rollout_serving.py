@@ -56,10 +56,13 @@ RANK, ALPHA = 64, 32
 
 
 def random_adapter(spec: Spec, seed: int) -> Any:
-    """An r64 adapter on every linear layer of `spec`'s model, A and B random (bf16)."""
+    """An r64 adapter on every linear layer of `spec`'s model, A and B random (bf16), in one
+    host buffer as the PEFT trainer exports its adapter (`FlatTensors`): the engine hands it
+    to SGLang as it is, so its update time is the one the training loop sees."""
     import torch
 
     from trainer.backends.base import LoraAdapter
+    from trainer.backends.flat_tensors import FlatTensors
 
     s = spec.model_shape
     hidden, inter = s["hidden_size"], s["intermediate_size"]
@@ -82,7 +85,7 @@ def random_adapter(spec: Spec, seed: int) -> Any:
         "peft_type": "LORA", "r": RANK, "lora_alpha": ALPHA, "target_modules": TARGETS,
         "lora_dropout": 0.0, "bias": "none", "use_rslora": False, "use_dora": False,
     }  # fmt: skip
-    return LoraAdapter(tensors=tensors, config=config, version=1)
+    return LoraAdapter(tensors=FlatTensors.pack(tensors, device="cpu"), config=config, version=1)
 
 
 def measure(spec: Spec, serving: str, repeats: int, conn: Connection) -> None:

@@ -138,6 +138,10 @@ def test_undeclared_sglang_flags_are_collected() -> None:
         ("--lora-alpha -1", "--lora-alpha must be > 0 (got -1.0)"),
         ("--lora-dropout 1.0", "--lora-dropout must be in [0, 1) (got 1.0)"),
         ("--lora-dropout 0.3", "--lora-dropout 0.3 is refused: old log-probs come without dropout"),
+        (
+            "--lora-serving merged --train-backend megatron",
+            "--lora-serving merged trains the policy through the merged weights, which only",
+        ),
         ("--eps-clip -0.1", "--eps-clip must be >= 0 (got -0.1)"),
         ("--eps-clip-high -0.1", "--eps-clip-high must be >= 0"),
         ("--rollout-top-p 0", "--rollout-top-p must be in (0, 1]"),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -285,6 +287,21 @@ def test_the_worker_imports_from_its_own_path_first(bench, tmp_path, monkeypatch
     assert "the trl of the extra path" in str(exit_info.value)
 
 
+def test_peak_memory_splits_the_process_tree_at_its_peak(bench):
+    memory = bench.PeakMemory("cpu", 0)
+    child = subprocess.Popen([sys.executable, "-c", "x = bytearray(200 * 2**20); input()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while memory.peak - memory.peak_own < 200 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        child.communicate(b"\n")
+    peak = memory.stop()
+    assert 0 < memory.peak_own < peak
+    assert peak - memory.peak_own >= 200 * 2**20  # the child's bytearray
+
+
 def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsys):
     def result(seconds, versions):
         step = bench.StepTime(
@@ -292,7 +309,8 @@ def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsy
         )
         return {
             "times": [bench.asdict(step)], "summary": bench.summary([step]),
-            "peak": 2**30, "allocated": 0, "per_process": True, "versions": versions,
+            "peak": 2**30, "peak_own": 2**28, "allocated": 0, "per_process": True,
+            "versions": versions,
         }  # fmt: skip
 
     results = {
@@ -306,12 +324,14 @@ def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsy
     assert "ratio (trl median / ours median): 4.00x" in out
     assert "ratio (trl-vllm median / ours median): 1.50x" in out
     assert "trl-vllm: trl 1.16.0, vllm 0.26.0" in out
+    assert "its child processes (GiB): ours 0.25 / 0.75, trl 0.25 / 0.75" in out
     rows = [line.split()[0] for line in out.splitlines() if line.endswith("n/a")]
     assert rows == ["ours", "trl", "trl-vllm"]
 
 
 @pytest.mark.parametrize(
-    ("memory", "swaps", "backup"), [("release", True, True), ("keep", False, False)]
+    ("memory", "swaps", "backup"),
+    [("release", True, True), ("release-kv", True, False), ("keep", False, False)],
 )
 def test_ours_memory_sets_a_consistent_colocation(bench, memory, swaps, backup):
     from trainer.arguments import parse_args

@@ -348,10 +348,11 @@ def test_adapter_sync_check_compares_engine_and_trainer(
 
 
 @pytest.mark.parametrize("serving", ["adapter", "merged"])
-def test_in_bf16_merged_weights_lose_small_updates_to_rounding(tiny_dirs, tmp_path, serving):
-    """What ``--lora-serving merged`` warns of: at a small learning rate most of an update is
-    below the rounding step of the bf16 weights it is merged into, so the engine's policy lags
-    the trainer's by most of the update's shift; served as an adapter it does not lag at all."""
+def test_in_bf16_the_engine_serves_the_policy_the_trainer_trains(tiny_dirs, tmp_path, serving):
+    """At a small learning rate most of an update is below the rounding step of the bf16
+    weights it is merged into; with ``--lora-serving merged`` the trainer computes through the
+    same rounded weights (`merged_policy`), so the engine still serves exactly the policy being
+    trained, as it does serving the adapter."""
     model, data = tiny_dirs
     argv = recipe_argv(
         model, data, tmp_path, "--num-rollout", "3", "--check-adapter-sync", "--dtype", "bf16",
@@ -360,9 +361,12 @@ def test_in_bf16_merged_weights_lose_small_updates_to_rounding(tiny_dirs, tmp_pa
     loop, _ = make_loop(argv)
     loop.run()
     records = read_metrics(tmp_path / METRICS_FILE)
+    shifts = []
     for before, after in itertools.pairwise(records):
         lag, shift = after["sync/engine_trainer_logprob_abs_diff"], before["sync/adapter_shift"]
-        assert lag > shift / 3 if serving == "merged" else lag < 1e-6, (lag, shift)
+        assert lag < 1e-6, (lag, shift)
+        shifts.append(shift)
+    assert max(shifts) > 1e-3  # the updates moved the policy
 
 
 def test_metrics_logger_drops_steps_a_resumed_run_repeats(tmp_path):

@@ -182,10 +182,17 @@ def test_sglang_engines_weigh_their_static_fraction(model):
     assert "--sglang-mem-fraction-static 0.5 of the GPU" in plan.line()
 
 
-def test_an_engine_serving_merged_weights_also_holds_the_adapted_weights_twice(model):
+def test_merged_serving_adds_the_adapted_weights_twice_to_the_engine_and_once_to_the_trainer(
+    model,
+):
     config = parse_args(argv(model, *SGLANG_AUTO, "--lora-serving", "merged"))
     shape = colocate_memory.model_shape_for(config)
     device = memory_estimate.DeviceMemory(free=8 * GIB, total=8 * GIB)
     plan = colocate_memory.estimate(config, shape, device=device)
     assert plan.engine == 4 * GIB + 2 * shape.adapted_parameters * 2
     assert "(--lora-serving merged)" in plan.line()
+    served = parse_args(argv(model, *SGLANG_AUTO))
+    adapter = colocate_memory.estimate(served, shape, device=device).trainer
+    assert adapter.merged_weights == 0
+    assert plan.trainer.total == adapter.total + shape.adapted_parameters * 2
+    assert "+ merged weights" in plan.line()

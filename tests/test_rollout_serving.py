@@ -10,6 +10,7 @@ import torch
 
 from benchmarks.grpo_vs_trl import Spec
 from benchmarks.rollout_serving import random_adapter
+from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.lora_merge import lora_layers, lora_scaling
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +29,7 @@ def test_the_random_adapter_covers_every_linear_layer():
     assert q.weight == "model.layers.0.self_attn.q_proj.weight"
     assert adapter.tensors[q.a].shape == (64, 1024) and adapter.tensors[q.b].shape == (2048, 64)
     assert all(t.dtype == torch.bfloat16 for t in adapter.tensors.values())
+    assert isinstance(adapter.tensors, FlatTensors)  # packed as the PEFT trainer exports it
 
 
 def test_unknown_serving_is_a_usage_error():

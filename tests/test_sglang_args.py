@@ -67,10 +67,11 @@ def test_colocated_with_memory_kept_the_engine_runs_without_the_memory_saver() -
 
 
 def test_serving_merged_weights_the_engine_runs_without_lora() -> None:
-    merged = _build("--lora-serving", "merged")
+    torch = ("--train-backend", "torch")  # merged serving trains with the PEFT trainer
+    merged = _build(*torch, "--lora-serving", "merged")
     lora = {"enable_lora", "max_lora_rank", "lora_target_modules", "max_loras_per_batch"}
     assert not (lora | {"lora_backend"}) & merged.keys()
-    assert merged == {k: v for k, v in _build().items() if k not in lora | {"lora_backend"}}
+    assert merged == {k: v for k, v in _build(*torch).items() if k not in lora | {"lora_backend"}}
 
 
 def test_engine_seeds_differ_and_stay_within_32_bits() -> None:

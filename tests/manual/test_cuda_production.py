@@ -166,9 +166,9 @@ def _run_job(
     serving: str = "adapter",
 ) -> tuple[list[dict], dict]:
     """The launcher's live train on `gpus` GPUs, interrupted after its first checkpoint and
-    resumed; returns the metrics and a report. `serving`: ``--lora-serving``; merged weights
-    lag the trainer by design (docs/lora.md), so the engine-trainer agreement is then reported,
-    not asserted."""
+    resumed; returns the metrics and a report. `serving`: ``--lora-serving``; merged, the
+    trainer's policy is the bf16-merged one, which PEFT applying the saved adapter unmerged
+    matches only up to that rounding (docs/lora.md): reported, not asserted."""
     from trainer import tiny
 
     model = tmp_path / "models" / "qwen3-0.6b-tiny-task"
@@ -242,12 +242,12 @@ def _run_job(
         "median_s": _step_split(records),
     }
     print("RESULT " + json.dumps(report, sort_keys=True), flush=True)
-    if serving == "adapter":
-        assert report["train_rollout_logprob_abs_diff_mean"] < LOGPROB_DIFF_LIMIT, report
-        assert report["sync_diff_max"] < LOGPROB_DIFF_LIMIT, report  # every engine, every update
+    assert report["train_rollout_logprob_abs_diff_mean"] < LOGPROB_DIFF_LIMIT, report
+    assert report["sync_diff_max"] < LOGPROB_DIFF_LIMIT, report  # every engine, every update
     assert report["adapter_shift_max"] > 2 * LOGPROB_DIFF_LIMIT, report  # stale would show
     assert report["ranks_off_rank0_adapter"] == 0, report
-    assert report["peft_vs_trainer"] < LOGPROB_DIFF_LIMIT, report
+    if serving == "adapter":
+        assert report["peft_vs_trainer"] < LOGPROB_DIFF_LIMIT, report
     assert report["peft_adapter_shift"] > 2 * LOGPROB_DIFF_LIMIT, report
     assert report["skipped_steps"] == 0, report
     return records, report
@@ -270,8 +270,9 @@ def test_production_job_on_one_gpu(tmp_path: Path, train_backend: str, backends:
 def test_production_job_serving_merged_weights(tmp_path: Path) -> None:
     """The same job with ``--lora-serving merged`` (PyTorch/PEFT trainer, Triton attention):
     SGLang without LoRA, each update merged into the base's linear weights in the engine's actor
-    and sent over CUDA IPC. Checked as above but for the engine-trainer agreement, which the
-    report gives (the lag of bf16-rounded merged weights)."""
+    and sent over CUDA IPC, the trainer computing through the same merged weights. Checked as
+    above, the engine-trainer agreement included; PEFT's unmerged reading of the saved adapter
+    is reported (it differs from the merged policy by the bf16 rounding)."""
     hardware = _skip_without_production_stack(1, "torch")
     _run_job(
         tmp_path, hardware, gpus=1, train_backend="torch", backends="amd-triton",

@@ -22,6 +22,7 @@ from trainer.backends.devices import torch_dtype
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.frozen_weights import FrozenWeights
 from trainer.checkpoint import ADAPTER_DIR
+from trainer.config.lora import MERGED
 
 if TYPE_CHECKING:
     from trainer.config import LoraConfig, OptimizerConfig, TrainConfig
@@ -107,6 +108,7 @@ class PeftPolicyTrainer:
         gradient_checkpointing: bool = False,
         logprob_chunk_rows: int = -1,
         base_cpu_backup: bool = False,
+        merged: bool = False,
         seed: int = 0,
     ) -> None:
         """`total_steps`: optimizer steps of the run (the LR schedule's length).
@@ -115,11 +117,14 @@ class PeftPolicyTrainer:
         `gradient_checkpointing`: recompute each decoder layer's activations in backward
         (less memory for long sequences, about a third more compute). `logprob_chunk_rows`:
         response tokens per chunk of the log-prob computation (``--log-probs-chunk-size``;
-        -1: `trainer.logprobs.DEFAULT_CHUNK_ROWS`)."""
+        -1: `trainer.logprobs.DEFAULT_CHUNK_ROWS`). `merged`: the engines serve the adapter merged
+        (``--lora-serving merged``), so the policy trained is the merged one
+        (`trainer.backends.merged_policy`)."""
         import torch
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
 
+        from trainer.backends.merged_policy import MergedPolicy
         from trainer.logprobs import chunk_rows_for
 
         self.device = torch.device(device)
@@ -134,6 +139,7 @@ class PeftPolicyTrainer:
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.compute_dtype)
         torch.manual_seed(seed)
         self.model = get_peft_model(base, peft_lora_config(lora)).to(self.device)
+        self.merged = MergedPolicy(self.model, self.compute_dtype) if merged else None
         if gradient_checkpointing:
             _enable_activation_checkpointing(base)
         head = base.get_output_embeddings()
@@ -171,7 +177,8 @@ class PeftPolicyTrainer:
             if with_adapter:
                 out = self._forward(batch, with_entropy)
             else:
-                with self.model.disable_adapter():
+                without = self.merged.base_only() if self.merged else self.model.disable_adapter()
+                with without:
                     out = self._forward(batch, with_entropy)
         entropy = None if out.entropy is None else out.entropy.cpu()
         return ForwardOutput(logprobs=out.logprobs.cpu(), entropy=entropy)
@@ -329,5 +336,6 @@ def create(config: TrainConfig, device: str, *, total_steps: int) -> PeftPolicyT
         gradient_checkpointing=config.torch.gradient_checkpointing,
         logprob_chunk_rows=config.torch.log_probs_chunk_size,
         base_cpu_backup=config.lora.lora_base_cpu_backup,
+        merged=config.lora.lora_serving == MERGED,
         seed=config.misc.seed,
     )

@@ -26,9 +26,9 @@ class LoraConfig:
         choices=(ADAPTER, MERGED),
         help="how the rollout engines serve the policy: the base with the adapter through their "
         "LoRA kernels (adapter), or the adapter merged into the base's linear weights, served "
-        "without LoRA kernels (merged: faster decoding, but the merged weights are rounded to "
-        "the engine's dtype, and in bf16 most of a small update is lost to that rounding: the "
-        "rollout policy lags the trained one, as with TRL + vLLM; pair it with --use-tis)",
+        "without LoRA kernels (merged: faster decoding; the policy is then the merged weights "
+        "rounded to the engines' dtype, and the trainer computes through those same weights, "
+        "the adapter's gradients passing the rounding; --train-backend torch only)",
     )
 
     def modules(self) -> str | tuple[str, ...]:

@@ -1,0 +1,157 @@
+"""What training the merged policy costs the PEFT trainer (``--lora-serving merged``,
+`trainer.backends.merged_policy`) against training the adapter, side by side in one process.
+
+Two trainers of `grpo_vs_trl.py`'s model and LoRA (r64, alpha 32, all linear layers, bf16 on a
+GPU) take turns at optimizer steps over the same micro-batches (`--micro-batches` x
+`--micro-batch` rows of 256 prompt + 512 response tokens, random ids, the loss the mean
+response log-probability). Reported per trainer: the median step time and the peak memory torch
+allocated during a step; and whether the merged trainer's weights equal, bit for bit, what the
+rollout engine merges from the same checkpoint and exported adapter (`lora_merge.LoraMerger`).
+
+    python benchmarks/merged_training.py                      # one GPU
+    python benchmarks/merged_training.py --device cpu --tiny  # seconds, this project's CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.grpo_vs_trl import MODEL_SHAPES, Spec, build_inputs
+
+SERVINGS = ("adapter", "merged")
+
+
+def micro_batches(spec: Spec, count: int, vocab: int) -> list[Any]:
+    import torch
+
+    from trainer.backends.base import TrainBatch
+
+    generator = torch.Generator().manual_seed(spec.seed)
+    length = spec.prompt_len + spec.response_len
+    batches = []
+    for _ in range(count):
+        ids = torch.randint(vocab, (spec.micro_batch, length), generator=generator)
+        loss_mask = torch.zeros(spec.micro_batch, length - 1)
+        loss_mask[:, spec.prompt_len - 1 :] = 1
+        batches.append(TrainBatch(ids, torch.ones_like(ids), loss_mask))
+    return batches
+
+
+def mean_logprob_loss(count: int) -> Any:
+    def loss_fn(out: Any, batch: Any) -> tuple[Any, dict[str, float]]:
+        mask = batch.loss_mask.to(out.logprobs.device)
+        return -(out.logprobs * mask).sum() / mask.sum() / count, {}
+
+    return loss_fn
+
+
+def merged_equals_engine(trainer: Any, model_dir: str, device: str) -> bool:
+    """Every adapted weight the trainer computes with equals the engine's merge."""
+    import torch
+    from peft.tuners.lora.layer import Linear
+
+    from trainer.backends.lora_merge import LoraMerger
+
+    merger = LoraMerger.from_checkpoint(model_dir, device=device, dtype=trainer.compute_dtype)
+    served = merger.merge(trainer.export_adapter())
+    layers = {
+        f"{name}.weight": module
+        for name, module in trainer.model.get_base_model().named_modules()
+        if isinstance(module, Linear)
+    }
+    with torch.no_grad():
+        return layers.keys() == set(served) and all(
+            torch.equal(layers[name].get_base_layer().weight, weight)
+            for name, weight in served.items()
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="the tiny model of trainer/tiny.py")
+    parser.add_argument("--shape", choices=tuple(MODEL_SHAPES), default="qwen3-0.6b")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per trainer")
+    parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("--micro-batch", type=int, default=16, help="rows per micro-batch")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    options = parser.parse_args(argv)
+    if options.steps < 1 or options.micro_batches < 1 or options.micro_batch < 1:
+        parser.error("--steps, --micro-batches and --micro-batch must be >= 1")
+    import torch
+
+    from trainer.backends.peft_trainer import PeftPolicyTrainer
+    from trainer.config import LoraConfig, OptimizerConfig
+
+    cuda = options.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("merged_training: --device cuda, but torch sees no GPU (use --device cpu)")
+    with tempfile.TemporaryDirectory(prefix="merged-training-") as work:
+        spec = Spec(
+            work=work, device=options.device, tiny=options.tiny, prompts=1, samples=1,
+            prompt_len=16 if options.tiny else 256, response_len=32 if options.tiny else 512,
+            micro_batch=options.micro_batch, lr=2e-5, seed=42, rollout_backend="hf",
+            shape=options.shape,
+        )  # fmt: skip
+        build_inputs(spec, rows=1)
+        trainers = {
+            serving: PeftPolicyTrainer(
+                spec.model_dir,
+                LoraConfig(lora_rank=64, lora_alpha=32.0, target_modules="all-linear"),
+                OptimizerConfig(lr=spec.lr),
+                total_steps=options.steps + 1,
+                device=options.device,
+                dtype="bf16" if cuda else "fp32",
+                merged=serving == "merged",
+            )
+            for serving in SERVINGS
+        }
+        vocab = trainers["adapter"].model.get_base_model().config.vocab_size
+        batches = micro_batches(spec, options.micro_batches, vocab)
+        loss_fn = mean_logprob_loss(len(batches))
+        times: dict[str, list[float]] = {serving: [] for serving in SERVINGS}
+        peaks: dict[str, int] = dict.fromkeys(SERVINGS, 0)
+        for step in range(options.steps + 1):  # the first step warms up
+            for serving, trainer in trainers.items():
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                started = time.perf_counter()
+                trainer.train_step(batches, loss_fn)
+                if cuda:
+                    torch.cuda.synchronize()
+                    peaks[serving] = max(peaks[serving], torch.cuda.max_memory_allocated())
+                if step:
+                    times[serving].append(time.perf_counter() - started)
+        exact = merged_equals_engine(trainers["merged"], spec.model_dir, options.device)
+    tokens = options.micro_batches * options.micro_batch * (spec.prompt_len + spec.response_len)
+    print(
+        f"{'tiny' if options.tiny else options.shape}, {options.device}, {options.micro_batches} "
+        f"x {options.micro_batch} rows of {spec.prompt_len} + {spec.response_len} tokens "
+        f"({tokens} per step), LoRA r64 all-linear"
+    )
+    print(f"{'trainer':<8} {'median s':>9} {'min s':>8} {'peak allocated GiB':>19}")
+    medians = {}
+    for serving in SERVINGS:
+        medians[serving] = statistics.median(times[serving])
+        peak = f"{peaks[serving] / 2**30:.2f}" if cuda else "n/a"
+        print(f"{serving:<8} {medians[serving]:>9.3f} {min(times[serving]):>8.3f} {peak:>19}")
+    print(f"merged / adapter step time: {medians['merged'] / medians['adapter']:.2f}x")
+    print(f"merged weights equal the engine's merge bit for bit: {'yes' if exact else 'NO'}")
+    if options.json:
+        options.json.write_text(
+            json.dumps({"times": times, "peaks": peaks, "exact": exact}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
