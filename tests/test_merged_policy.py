@@ -23,9 +23,8 @@ def model_dir(tmp_path_factory) -> str:
     return str(root / "model")
 
 
-def make_trainer(model_dir: str, *, merged: bool, **options) -> PeftPolicyTrainer:
-    """A trainer whose adapter is away from the base (B random, the same for every call)."""
-    trainer = PeftPolicyTrainer(
+def new_trainer(model_dir: str, *, merged: bool, **options) -> PeftPolicyTrainer:
+    return PeftPolicyTrainer(
         model_dir,
         LoraConfig(lora_rank=4, lora_alpha=8.0),
         OptimizerConfig(lr=1e-2),
@@ -33,6 +32,11 @@ def make_trainer(model_dir: str, *, merged: bool, **options) -> PeftPolicyTraine
         merged=merged,
         **options,
     )
+
+
+def make_trainer(model_dir: str, *, merged: bool, **options) -> PeftPolicyTrainer:
+    """A trainer whose adapter is away from the base (B random, the same for every call)."""
+    trainer = new_trainer(model_dir, merged=merged, **options)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in sorted(trainer.model.named_parameters()):
@@ -120,13 +124,7 @@ def test_only_linear_layers_merge(model_dir):
 def test_a_saved_merged_trainer_loads_into_the_same_merged_policy(model_dir, tmp_path):
     saved = make_trainer(model_dir, merged=True)
     saved.save(tmp_path / "iter")
-    loaded = PeftPolicyTrainer(
-        model_dir,
-        LoraConfig(lora_rank=4, lora_alpha=8.0),
-        OptimizerConfig(lr=1e-2),
-        total_steps=10,
-        merged=True,
-    )
+    loaded = new_trainer(model_dir, merged=True)
     loaded.load(tmp_path / "iter")
     with torch.no_grad():
         expected = saved.model(input_ids=IDS).logits

@@ -84,7 +84,7 @@ class MergedPolicy:
         from torch.nn.utils import parametrize
 
         self.weights: list[MergedWeight] = []
-        for name, layer in model.named_modules():
+        for name, layer in list(model.named_modules()):  # registering adds modules
             if not isinstance(layer, BaseTunerLayer):
                 continue
             if not isinstance(layer, Linear):
