@@ -749,14 +749,25 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     return {kind: r["summary"]["median"] / ours for kind, r in results.items() if kind != "ours"}
 
 
+def projection_shapes(spec: Spec) -> dict[str, tuple[int, int]]:
+    """(in features, out features) of the seven projections of each of the model's layers."""
+    s = spec.model_shape
+    hidden, inter = s["hidden_size"], s["intermediate_size"]
+    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
+    return {
+        "self_attn.q_proj": (hidden, q), "self_attn.k_proj": (hidden, kv),
+        "self_attn.v_proj": (hidden, kv), "self_attn.o_proj": (q, hidden),
+        "mlp.gate_proj": (hidden, inter), "mlp.up_proj": (hidden, inter),
+        "mlp.down_proj": (inter, hidden),
+    }  # fmt: skip
+
+
 def count_params(spec: Spec) -> tuple[int, int]:
     """(base parameters, LoRA r=64 parameters on the seven projections of every layer)."""
     s = spec.model_shape
     hidden, inter, layers = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"]
     q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
-    shapes = [(hidden, q), (hidden, kv), (hidden, kv), (q, hidden)]
-    shapes += [(hidden, inter), (hidden, inter), (inter, hidden)]
-    lora = layers * sum(64 * (a + b) for a, b in shapes)
+    lora = layers * sum(64 * (a + b) for a, b in projection_shapes(spec).values())
     attention = hidden * (q + 2 * kv) + q * hidden + 2 * s["head_dim"]
     per_layer = attention + 3 * hidden * inter + 2 * hidden
     base = layers * per_layer + s["vocab_size"] * hidden + hidden

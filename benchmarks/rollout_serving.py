@@ -48,6 +48,7 @@ from benchmarks.grpo_vs_trl import (
     count_params,
     decode_bound,
     ours_argv,
+    projection_shapes,
     prompts_of,
 )
 
@@ -64,19 +65,10 @@ def random_adapter(spec: Spec, seed: int) -> Any:
     from trainer.backends.base import LoraAdapter
     from trainer.backends.flat_tensors import FlatTensors
 
-    s = spec.model_shape
-    hidden, inter = s["hidden_size"], s["intermediate_size"]
-    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
-    shapes = {  # module: (in features, out features)
-        "self_attn.q_proj": (hidden, q), "self_attn.k_proj": (hidden, kv),
-        "self_attn.v_proj": (hidden, kv), "self_attn.o_proj": (q, hidden),
-        "mlp.gate_proj": (hidden, inter), "mlp.up_proj": (hidden, inter),
-        "mlp.down_proj": (inter, hidden),
-    }  # fmt: skip
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
-    for layer in range(s["num_hidden_layers"]):
-        for module, (fan_in, fan_out) in shapes.items():
+    for layer in range(spec.model_shape["num_hidden_layers"]):
+        for module, (fan_in, fan_out) in projection_shapes(spec).items():
             name = f"base_model.model.model.layers.{layer}.{module}"
             for key, shape in (("lora_A", (RANK, fan_in)), ("lora_B", (fan_out, RANK))):
                 values = torch.randn(shape, generator=generator) * 0.01

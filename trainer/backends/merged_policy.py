@@ -38,11 +38,11 @@ class StraightThroughMerge(torch.autograd.Function):
         scaling: float,
         dtype: torch.dtype,
     ) -> torch.Tensor:
-        a, b = a.detach().to(dtype), b.detach().to(dtype)
+        a, b = a.to(dtype), b.to(dtype)  # (autograd does not record inside forward)
         ctx.save_for_backward(a, b)
         ctx.scaling = scaling
         with torch.autocast(base.device.type, enabled=False):  # float32, as the engines merge
-            return merged_weight(base.detach(), a, b, scaling)
+            return merged_weight(base, a, b, scaling)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -100,8 +100,6 @@ class MergedPolicy:
             weight = MergedWeight(layer, adapter, dtype)
             parametrize.register_parametrization(layer.get_base_layer(), "weight", weight)
             self.weights.append(weight)
-        if not self.weights:
-            raise MergeError("--lora-serving merged: the model has no LoRA layer to merge")
 
     @contextmanager
     def base_only(self) -> Iterator[None]:
