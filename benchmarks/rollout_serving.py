@@ -10,7 +10,7 @@ without per-request seeds, on `grpo_vs_trl.py`'s workload.
 Per-request seeds (the default, the determinism contract) make SGLang sample each token with its
 seeded Gumbel sampler over the vocabulary; `--no-rollout-request-seeds` leaves it
 ``torch.multinomial``. Each way of serving gets its own engine, in its own process, with the
-benchmark's SGLang settings (`grpo_vs_trl.SGLANG_FLAGS`, memory kept, `--ours-flags` added); one
+benchmark's SGLang settings (`grpo_vs_trl.sglang_flags`, memory kept, `--ours-flags` added); one
 random adapter (r64, all linear layers) is loaded `--repeats` + 1 times, then 8 prompts x 8
 samples x 512 tokens are generated once to warm up and `--repeats` times each with and without
 seeds, alternating. Reported: rollout tokens/s (generated tokens over the generate call, prefill
@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.grpo_vs_trl import (
     MODEL_SHAPES,
-    SGLANG_FLAGS,
     TARGETS,
     Spec,
     build_inputs,
@@ -50,6 +49,7 @@ from benchmarks.grpo_vs_trl import (
     ours_argv,
     projection_shapes,
     prompts_of,
+    sglang_flags,
 )
 
 SERVINGS = ("adapter", "merged")
@@ -156,8 +156,9 @@ def main(argv: list[str] | None = None) -> None:
         results = {serving: run(spec, serving, options.repeats) for serving in servings}
     base, lora = count_params(spec)
     bound = decode_bound(spec, options.hbm_tbps, base, lora)
+    flags = shlex.join(sglang_flags(spec))
     print(f"\n{options.shape}, 8 prompts x 8 samples, 256 + 512 tokens, decode bound {bound:.0f} "
-          f"tok/s at {options.hbm_tbps} TB/s; {SGLANG_FLAGS} {options.ours_flags}")  # fmt: skip
+          f"tok/s at {options.hbm_tbps} TB/s; {flags} {options.ours_flags}")  # fmt: skip
     print(
         f"{'serving':<8} {'seeds':<9} {'median s':>9} {'tok/s':>8} {'of bound':>9} {'update s':>9}"
     )

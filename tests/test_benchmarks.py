@@ -342,6 +342,21 @@ def test_ours_memory_sets_a_consistent_colocation(bench, memory, swaps, backup):
     assert args.lora.lora_base_cpu_backup is backup
 
 
+def test_ours_sglang_keeps_a_kv_cache_for_one_step_not_its_static_share(bench):
+    """8 x 8 samples of 256 + 512 tokens, a quarter to spare: 61,440 tokens (6.6 GiB of K and V
+    at the 0.6B shape, where 15% of an H200 is 21 GiB); `--ours-flags` may set another."""
+    from trainer.arguments import parse_args
+
+    args = parse_args(bench.ours_argv(full_spec(bench, work="/w", ours_memory="keep"), steps=1))
+    assert args.sglang.sglang_extra["max-total-tokens"] == "61440"
+    assert args.sglang.sglang_mem_fraction_static == 0.15
+    other = full_spec(bench, work="/w", ours_flags=["--sglang-max-total-tokens=1000"])
+    assert parse_args(bench.ours_argv(other, steps=1)).sglang.sglang_extra == {
+        **args.sglang.sglang_extra,
+        "max-total-tokens": "1000",
+    }
+
+
 def test_ours_memory_auto_leaves_the_choice_to_train_py(bench):
     from trainer.arguments import parse_args
 

@@ -483,6 +483,36 @@ def test_bad_inputs_stop_before_ray_starts(tiny_dirs, tmp_path):
     assert list(ray_tmp.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("lora", "message"),
+    [
+        (
+            ["--target-modules", "qproj"],
+            "--target-modules: {model} has no module named 'qproj' "
+            "(did you mean q_proj, v_proj, o_proj?)",
+        ),
+        (
+            ["--target-modules", "embed_tokens,q_proj", "--lora-serving", "merged"],
+            "--lora-serving merged merges linear layers; model.embed_tokens is a Embedding: "
+            "leave it out of --target-modules",
+        ),
+    ],
+)
+def test_lora_targets_the_model_cannot_take_stop_before_ray_starts(
+    tiny_dirs, tmp_path, lora, message
+):
+    model, data = tiny_dirs
+    ray_tmp = tmp_path / "ray"
+    ray_tmp.mkdir()
+    done = run_train_py(
+        *recipe_argv(model, data, tmp_path, *lora), env={"RAY_TMPDIR": str(ray_tmp)}
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line == f"train.py: error: {message.format(model=model)}"
+    assert not any(ray_tmp.iterdir())
+
+
 def test_validate_only_prints_the_config_and_imports_nothing_heavy(tmp_path):
     code = (
         "import sys; from trainer.main import main; "

@@ -182,6 +182,38 @@ def test_sglang_engines_weigh_their_static_fraction(model):
     assert "--sglang-mem-fraction-static 0.5 of the GPU" in plan.line()
 
 
+def test_a_kv_cache_capped_in_tokens_shrinks_the_engine_to_weights_adapters_and_that_cache(
+    model,
+):
+    """``--sglang-max-total-tokens`` caps SGLang's KV cache below what its fraction reserves:
+    the engine is its weights, two adapter slots and that many tokens' K and V in bf16."""
+    config = parse_args(argv(model, *SGLANG_AUTO, "--sglang-max-total-tokens", "1000"))
+    shape = colocate_memory.model_shape_for(config)
+    device = memory_estimate.DeviceMemory(free=8 * GIB, total=8 * GIB)
+    plan = colocate_memory.estimate(config, shape, device=device)
+    kv = shape.kv_bytes_per_token_16bit * 1000
+    assert plan.engine == shape.parameters * 2 + 2 * shape.lora_parameters * 2 + kv < 4 * GIB
+    assert (
+        "(weights, 2 adapter slots and a KV cache of --sglang-max-total-tokens 1000, "
+        "within --sglang-mem-fraction-static 0.5 of the GPU"
+    ) in plan.line()
+    merged = parse_args(
+        argv(model, *SGLANG_AUTO, "--sglang-max-total-tokens", "1000", "--lora-serving", "merged")
+    )
+    merged_plan = colocate_memory.estimate(merged, shape, device=device)
+    served_copies = memory_estimate.merged_serving_memory(shape, dtype_bytes=2)
+    assert merged_plan.engine == shape.parameters * 2 + kv + served_copies
+
+
+def test_a_kv_cache_cap_above_the_static_fraction_leaves_the_fraction(model):
+    config = parse_args(argv(model, *SGLANG_AUTO, "--sglang-max-total-tokens", "100000000"))
+    shape = colocate_memory.model_shape_for(config)
+    device = memory_estimate.DeviceMemory(free=8 * GIB, total=8 * GIB)
+    plan = colocate_memory.estimate(config, shape, device=device)
+    assert plan.engine == 4 * GIB
+    assert "(--sglang-mem-fraction-static 0.5 of the GPU)" in plan.line()
+
+
 def test_merged_serving_adds_the_adapted_weights_twice_to_the_engine_and_once_to_the_trainer(
     model,
 ):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trainer import memory_estimate, model_shape
 from trainer.arguments import PROG
-from trainer.backends import registry
+from trainer.backends import registry, sglang_args
 from trainer.config import TrainConfig
 from trainer.config.lora import MERGED
 from trainer.errors import UsageError
@@ -66,6 +66,32 @@ def recomputes(config: TrainConfig) -> bool:
     return config.torch.gradient_checkpointing
 
 
+def sglang_engine(
+    config: TrainConfig,
+    shape: ModelShape,
+    fraction: float,
+    device: DeviceMemory,
+    dtype_bytes: int,
+) -> tuple[int, str]:
+    """SGLang's share and how it was reckoned: its static `fraction` of the GPU, or less where
+    ``--sglang-max-total-tokens`` caps its KV cache."""
+    static = memory_estimate.static_engine_memory(fraction, device.total)
+    source = f"--sglang-mem-fraction-static {fraction:g} of the GPU"
+    kv_tokens = sglang_args.coerce_extra(config.sglang.sglang_extra).get("max_total_tokens")
+    if kv_tokens is None:
+        return static, source
+    slots = 0 if config.lora.lora_serving == MERGED else sglang_args.LORA_SLOTS
+    capped = memory_estimate.capped_engine_memory(
+        shape, dtype_bytes=dtype_bytes, kv_tokens=kv_tokens, adapter_slots=slots
+    )
+    if capped >= static:
+        return static, source
+    return capped, (
+        f"weights, {slots} adapter slots and a KV cache of --sglang-max-total-tokens "
+        f"{kv_tokens}, within {source}"
+    )
+
+
 def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) -> MemoryPlan:
     """The plan for one GPU with `device`'s memory."""
     dtype_bytes = 4 if config.placement.resolve_dtype("cuda") == "fp32" else 2
@@ -78,8 +104,7 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
     )
     fraction = config.sglang.sglang_mem_fraction_static
     if config.placement.rollout_backend == "sglang" and fraction is not None:
-        engine = memory_estimate.static_engine_memory(fraction, device.total)
-        source = f"--sglang-mem-fraction-static {fraction:g} of the GPU"
+        engine, source = sglang_engine(config, shape, fraction, device, dtype_bytes)
     else:
         rollout, placement = config.rollout, config.placement
         engines = (placement.rollout_num_gpus or 1) // placement.rollout_num_gpus_per_engine

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from trainer.errors import first_line
+
 
 def safetensors_problem(path: Path) -> str | None:
     """Why `path` is not a complete safetensors file, or None."""
@@ -25,7 +27,7 @@ def safetensors_problem(path: Path) -> str | None:
         with safe_open(str(path), framework="pt"):
             return None
     except (SafetensorError, OSError) as err:
-        return f"not a complete safetensors file ({_first_line(err)})"
+        return f"not a complete safetensors file ({first_line(err)})"
 
 
 def torch_archive_problem(path: Path) -> str | None:
@@ -34,7 +36,7 @@ def torch_archive_problem(path: Path) -> str | None:
         with zipfile.ZipFile(path):
             return None
     except (zipfile.BadZipFile, OSError) as err:
-        return f"not a complete torch.save archive ({_first_line(err)})"
+        return f"not a complete torch.save archive ({first_line(err)})"
 
 
 def json_object_problem(path: Path) -> str | None:
@@ -77,8 +79,3 @@ def writable_dir_problem(path: Path) -> str | None:
 def _json_type(value: Any) -> str:
     names = {list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
     return names.get(type(value), "null")
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -1,7 +1,8 @@
 """``python3 train.py <argv>``: parse, check inputs, run the GRPO loop on Ray, summarise.
 
 Everything that can be wrong with the input (argv, the model directory and its tokenizer and
-chat template, the prompt files, the ``--load`` checkpoint, the output directories) is checked
+chat template, the LoRA targets against the model, the prompt files, the ``--load`` checkpoint,
+the output directories) is checked
 before Ray starts (`check_inputs`): one line on stderr, exit 2, nothing started.
 Launched by ``ray job submit`` (``RAY_ADDRESS`` set) the job joins that cluster; run directly it
 starts a private local Ray instance for its own lifetime.
@@ -21,7 +22,7 @@ from typing import Any
 from trainer import job_env
 from trainer.arguments import PROG, parse_args_or_exit
 from trainer.config import DataConfig, PlacementConfig, TrainConfig
-from trainer.errors import UsageError
+from trainer.errors import UsageError, first_line
 
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 1
@@ -59,8 +60,9 @@ def load_tokenizer(path: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UsageError(f"--hf-checkpoint {path}: no usable tokenizer ({first})") from None
+        raise UsageError(
+            f"--hf-checkpoint {path}: no usable tokenizer ({first_line(err)})"
+        ) from None
 
 
 def check_chat_template(tokenizer: Any, model: str, data: DataConfig) -> None:
@@ -87,6 +89,7 @@ def check_inputs(config: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     """Check everything the run reads and writes, before Ray starts; returns the tokenizer,
     the rollout source and the eval sets. Raises `UsageError` or `CheckpointError`."""
     from trainer import checkpoint, file_checks
+    from trainer.backends import registry
     from trainer.data import eval_sets, rollout_source
     from trainer.metrics import METRICS_FILE, torn_tail
 
@@ -97,6 +100,9 @@ def check_inputs(config: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     if problem := file_checks.first_problem(p for p in model.iterdir() if p.is_file()):
         raise UsageError(f"--hf-checkpoint: {problem}")
     tokenizer = load_tokenizer(paths.hf_checkpoint)
+    for spec in registry.selected(config):
+        if spec.input_check and (problem := spec.input_check(config)):
+            raise UsageError(problem)
     if data.apply_chat_template:
         check_chat_template(tokenizer, paths.hf_checkpoint, data)
     source = rollout_source(config, tokenizer)

@@ -17,10 +17,11 @@ A micro-batch holds ``--micro-batch-size`` sequences of the longest prompt plus 
 response (or ``--max-tokens-per-gpu`` tokens with dynamic batching).
 
 The engine's share: SGLang reserves ``--sglang-mem-fraction-static`` of the device's total
-memory for its weights and KV cache; the transformers engine holds its weights and the KV cache
-of its samples. Both resident fit in what is free on the device at the job's start (another
-process's memory on a shared GPU is not ours to plan with) less `MARGIN` of its total (CUDA
-context, NCCL buffers, allocator fragmentation).
+memory for its weights and KV cache, less where ``--sglang-max-total-tokens`` caps the cache
+(weights, adapter buffers and that many tokens' K and V); the transformers engine holds its
+weights and the KV cache of its samples. Both resident fit in what is free on the device at the
+job's start (another process's memory on a shared GPU is not ours to plan with) less `MARGIN`
+of its total (CUDA context, NCCL buffers, allocator fragmentation).
 """
 
 from __future__ import annotations
@@ -142,6 +143,17 @@ def trainer_memory(
 def static_engine_memory(mem_fraction_static: float, device_total: int) -> int:
     """SGLang's reservation: its weights and KV cache within that fraction of the device."""
     return int(mem_fraction_static * device_total)
+
+
+def capped_engine_memory(
+    shape: ModelShape, *, dtype_bytes: int, kv_tokens: int, adapter_slots: int
+) -> int:
+    """SGLang with its KV cache capped at `kv_tokens` tokens (``--sglang-max-total-tokens``):
+    its weights, the buffers of `adapter_slots` adapters (0 serving merged weights) and that
+    cache. Bounded by its static reservation (`static_engine_memory`) all the same."""
+    kv = shape.kv_bytes_per_token_16bit * dtype_bytes // 2 * kv_tokens
+    adapters = adapter_slots * shape.lora_parameters * dtype_bytes
+    return shape.parameters * dtype_bytes + adapters + kv
 
 
 def resident_engine_memory(

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from trainer.backends.lora_merge import MergeError, merged_weight
+from trainer.backends.peft_targets import unmergeable_layer
 
 
 class StraightThroughMerge(torch.autograd.Function):
@@ -79,19 +80,15 @@ class MergedPolicy:
     the dtype the adapter reaches the engines in."""
 
     def __init__(self, model: Any, dtype: torch.dtype) -> None:
-        from peft.tuners.lora.layer import Linear
         from peft.tuners.tuners_utils import BaseTunerLayer
         from torch.nn.utils import parametrize
 
+        if problem := unmergeable_layer(model):
+            raise MergeError(problem)
         self.weights: list[MergedWeight] = []
-        for name, layer in list(model.named_modules()):  # registering adds modules
+        for layer in list(model.modules()):  # registering adds modules
             if not isinstance(layer, BaseTunerLayer):
                 continue
-            if not isinstance(layer, Linear):
-                raise MergeError(
-                    f"--lora-serving merged merges linear layers; {name} is a "
-                    f"{type(layer).__name__}: leave it out of --target-modules"
-                )
             (adapter,) = layer.active_adapters
             trainable = [p for p in layer.parameters() if p.requires_grad]
             layer.enable_adapters(False)  # PEFT also stops their gradients: given back below

@@ -4,9 +4,10 @@ A `BackendSpec` says everything the rest of the project knows about a backend wi
 it: its ``--train-backend`` / ``--rollout-backend`` name, its display name (docs, the support
 matrix), the module of its factory, the packages and modules it needs and whether it runs on GPUs
 only (`trainer.preflight` checks them at job start), the config group of the flags only it reads
-(`trainer.config`), its checks of the config when selected, and, for a trainer, whether its LoRA
-adapts fused projections. ``trainer.arguments`` takes the flags' choices and the backends' checks
-from here; the config package sits below and never imports a backend.
+(`trainer.config`), its checks of the config when selected and of the checkpoint before launch
+(`trainer.main`), and, for a trainer, whether its LoRA adapts fused projections.
+``trainer.arguments`` takes the flags' choices and the backends' checks from here; the config
+package sits below and never imports a backend.
 
 Every backend module exposes one factory:
 
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.backends import megatron_lora_names, sglang_args
+from trainer.backends import megatron_lora_names, peft_targets, sglang_args
 
 if TYPE_CHECKING:
     from trainer.backends.base import PolicyTrainer, RolloutEngine
@@ -45,6 +46,8 @@ class BackendSpec:
     needs_gpu: bool = False
     flags: str | None = None  # the `TrainConfig` group of the flags only this backend reads
     checks: Callable[[TrainConfig], Iterable[str]] | None = None  # problems when selected
+    # the first problem of the checkpoint for this backend, found before launch (reads its files)
+    input_check: Callable[[TrainConfig], str | None] | None = None
     fused_lora: bool = False  # a trainer whose adapters span fused projections (q/k/v, gate/up)
 
 
@@ -66,6 +69,7 @@ TRAIN_BACKENDS: dict[str, BackendSpec] = {
         "trainer.backends.peft_trainer",
         packages=("torch", "transformers", "peft"),
         flags="torch",
+        input_check=peft_targets.problem,
     ),
 }
 ROLLOUT_BACKENDS: dict[str, BackendSpec] = {
