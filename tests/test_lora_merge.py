@@ -84,6 +84,18 @@ def test_each_merge_starts_from_the_base_not_from_the_previous_merge(model_dir, 
     assert all(torch.equal(first[k], again[k]) for k in first)
 
 
+def test_every_kept_base_weight_moves(model_dir, trained):
+    """A colocated engine moves them off its GPU while the trainer runs (`move_base`; the meta
+    device stands in for another device here). The GPU test releases and resumes for real
+    (tests/manual/test_cuda_portable.py)."""
+    merger = LoraMerger.from_checkpoint(model_dir, device="cpu", dtype=torch.float32)
+    merger.merge(trained.export_adapter())
+    kept = dict(merger.base)
+    merger.move_base("meta")
+    assert merger.base.keys() == kept.keys() and len(kept) > 0
+    assert all(w.device.type == "meta" for w in merger.base.values())
+
+
 def test_merging_rounds_once_from_float32():
     base = torch.tensor([[1.0, 2.0]], dtype=torch.bfloat16)
     a = torch.tensor([[0.001, 0.002]], dtype=torch.bfloat16)

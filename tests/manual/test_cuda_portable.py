@@ -1,4 +1,5 @@
-"""The CPU launcher's recipe on an NVIDIA GPU in bf16 (portable backends, local Ray).
+"""The CPU launcher's recipe on an NVIDIA GPU in bf16 (portable backends, local Ray), and the
+transformers engine's colocated release on the GPU.
 
 Run on purpose: ``pytest -m cuda_gpu tests/manual/test_cuda_portable.py -s``. Needs Ray in the
 environment; ``train.py`` starts its own local Ray instance (no ``ray start``).
@@ -72,3 +73,38 @@ def test_tiny_recipe_trains_on_the_gpu_in_bf16(tmp_path):
     assert [r["step"] for r in records] == list(range(len(records)))
     assert summary["reward_last5"] >= 2 * summary["reward_first5"], summary
     assert Path(summary["adapter"], "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.cuda_gpu
+@pytest.mark.parametrize("merged", [False, True], ids=["adapter", "merged"])
+def test_the_transformers_engine_gives_back_all_its_gpu_memory_and_resumes(tmp_path, merged):
+    """Released, the engine holds nothing on the GPU, the base weights it keeps to merge into
+    included; resumed, it serves the same policy."""
+    import torch
+
+    from trainer import tiny
+    from trainer.backends.base import SamplingParams
+    from trainer.backends.hf_rollout import HFRolloutEngine
+    from trainer.backends.peft_trainer import PeftPolicyTrainer
+    from trainer.config import LoraConfig, OptimizerConfig
+
+    model = tmp_path / "model"
+    tiny.build(model, tmp_path / "data", seed=0)
+    trainer = PeftPolicyTrainer(
+        str(model), LoraConfig(lora_rank=4, lora_alpha=8.0), OptimizerConfig(lr=1e-2),
+        total_steps=1, device="cuda", dtype="bf16", merged=merged,
+    )  # fmt: skip
+    engine = HFRolloutEngine(str(model), device="cuda", dtype="bf16", merged=merged)
+    engine.load_adapter(trainer.export_adapter())
+    ids = list(range(3, 11))
+    before = engine.score(ids)
+    held = torch.cuda.memory_allocated()
+    engine.release_memory()
+    released = held - torch.cuda.memory_allocated()
+    engine_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    kept = sum(w.numel() * w.element_size() for w in getattr(engine.merger, "base", {}).values())
+    print(f"{'merged' if merged else 'adapter'}: released {released} of {engine_bytes + kept} B")
+    assert released >= engine_bytes + kept
+    engine.resume_memory()
+    assert engine.score(ids) == before
+    engine.generate([ids], SamplingParams(max_new_tokens=4, temperature=1.0, seed=0))

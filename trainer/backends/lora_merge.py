@@ -104,6 +104,11 @@ class LoraMerger:
     def from_checkpoint(cls, path: str | Path, *, device: Any, dtype: torch.dtype) -> LoraMerger:
         return cls(lambda names: read_weights(Path(path), names, dtype), device)
 
+    def move_base(self, device: Any) -> None:
+        """Moves the base weights kept for merging, e.g. to the host while a colocated engine
+        gives its GPU memory to the trainer; `merge` needs them back on `self.device`."""
+        self.base = {name: weight.to(device) for name, weight in self.base.items()}
+
     def merge(self, adapter: LoraAdapter) -> FlatTensors:
         """The merged weights of every layer `adapter` covers, in one buffer on the device."""
         layers = lora_layers(adapter.tensors)
