@@ -20,6 +20,12 @@ shares compare), and the median time of one update (merge or adapter, hand-over,
 
     python benchmarks/rollout_serving.py                       # adapter and merged, H200
     python benchmarks/rollout_serving.py --serving adapter --ours-flags=--sglang-lora-backend=csgmv
+    python benchmarks/rollout_serving.py --serving merged \
+      --ours-flags='--sglang-attention-backend flashinfer' --variant base= \
+      --variant compile='--sglang-enable-torch-compile --sglang-torch-compile-max-bs 64'
+
+Each `--variant NAME=FLAGS` measures every serving once more with those flags added, in its own
+engine process, after one model build: side by side in one run.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -140,12 +147,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--serving", default=",".join(SERVINGS), help="comma list of servings")
     parser.add_argument("--repeats", type=int, default=3, help="timed generate calls per kind")
     parser.add_argument("--ours-flags", default="", help="more train.py flags, after '='")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME=FLAGS",
+        help="measure each serving again with these train.py flags added (repeatable; "
+        "--variant compile='--sglang-enable-torch-compile'); default: one, 'base', with none",
+    )
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     options = parser.parse_args(argv)
     servings = [s.strip() for s in options.serving.split(",") if s.strip()]
     if not servings or any(s not in SERVINGS for s in servings) or options.repeats < 1:
         parser.error(f"--serving: a comma list of {', '.join(SERVINGS)}; --repeats >= 1")
+    variants = parse_variants(parser, options.variant or ["base="])
     with tempfile.TemporaryDirectory(prefix="rollout-serving-") as work:
         spec = Spec(
             work=work, device="cuda", tiny=False, prompts=8, samples=8, prompt_len=256,
@@ -153,25 +168,47 @@ def main(argv: list[str] | None = None) -> None:
             shape=options.shape, ours_flags=shlex.split(options.ours_flags), ours_memory="keep",
         )  # fmt: skip
         build_inputs(spec, rows=spec.prompts)
-        results = {serving: run(spec, serving, options.repeats) for serving in servings}
+        results = {
+            (variant, serving): run(
+                replace(spec, ours_flags=[*spec.ours_flags, *flags]), serving, options.repeats
+            )
+            for variant, flags in variants.items()
+            for serving in servings
+        }
     base, lora = count_params(spec)
     bound = decode_bound(spec, options.hbm_tbps, base, lora)
     flags = shlex.join(sglang_flags(spec))
     print(f"\n{options.shape}, 8 prompts x 8 samples, 256 + 512 tokens, decode bound {bound:.0f} "
           f"tok/s at {options.hbm_tbps} TB/s; {flags} {options.ours_flags}")  # fmt: skip
+    for variant, flags in variants.items():
+        print(f"variant {variant}: {shlex.join(flags) or '(no flags)'}")
+    width = max(7, *map(len, variants))
     print(
-        f"{'serving':<8} {'seeds':<9} {'median s':>9} {'tok/s':>8} {'of bound':>9} {'update s':>9}"
+        f"{'variant':<{width}} {'serving':<8} {'seeds':<9} {'median s':>9} {'tok/s':>8} "
+        f"{'of bound':>9} {'update s':>9}"
     )
-    for serving, r in results.items():
+    for (variant, serving), r in results.items():
         update = statistics.median(r["updates"])
         for kind, times in r["times"].items():
             rate = r["tokens"][kind] / sum(times)
             print(
-                f"{serving:<8} {kind:<9} {statistics.median(times):>9.3f} {rate:>8.0f} "
-                f"{rate / bound:>9.1%} {update:>9.3f}"
+                f"{variant:<{width}} {serving:<8} {kind:<9} {statistics.median(times):>9.3f} "
+                f"{rate:>8.0f} {rate / bound:>9.1%} {update:>9.3f}"
             )
     if options.json:
-        options.json.write_text(json.dumps({"bound": bound, "results": results}, indent=1))
+        named = {f"{variant}/{serving}": r for (variant, serving), r in results.items()}
+        options.json.write_text(json.dumps({"bound": bound, "results": named}, indent=1))
+
+
+def parse_variants(parser: argparse.ArgumentParser, given: list[str]) -> dict[str, list[str]]:
+    """``NAME=FLAGS`` entries -> {name: flags}, in the order given."""
+    variants: dict[str, list[str]] = {}
+    for entry in given:
+        name, eq, flags = entry.partition("=")
+        if not eq or not name.strip() or name.strip() in variants:
+            parser.error(f"--variant {entry!r}: expected a new NAME=FLAGS")
+        variants[name.strip()] = shlex.split(flags)
+    return variants
 
 
 if __name__ == "__main__":

@@ -39,3 +39,25 @@ def test_unknown_serving_is_a_usage_error():
     )  # fmt: skip
     assert result.returncode == 2
     assert "--serving: a comma list of adapter, merged" in result.stderr
+
+
+def test_a_variant_needs_a_new_name_and_an_equals_sign():
+    for argv in (["--variant", "compile"], ["--variant", "a=", "--variant", "a=--x"]):
+        result = subprocess.run(
+            [sys.executable, "benchmarks/rollout_serving.py", *argv],
+            cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert result.returncode == 2
+        assert "expected a new NAME=FLAGS" in result.stderr.strip().splitlines()[-1]
+
+
+def test_variants_keep_their_order_and_split_their_flags():
+    import argparse
+
+    from benchmarks.rollout_serving import parse_variants
+
+    given = ["base=", "compile=--sglang-enable-torch-compile --sglang-torch-compile-max-bs 64"]
+    assert parse_variants(argparse.ArgumentParser(), given) == {
+        "base": [],
+        "compile": ["--sglang-enable-torch-compile", "--sglang-torch-compile-max-bs", "64"],
+    }
