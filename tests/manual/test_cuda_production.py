@@ -268,14 +268,15 @@ def test_production_job_on_one_gpu(tmp_path: Path, train_backend: str, backends:
 @pytest.mark.cuda_gpu
 @pytest.mark.timeout(3000)
 def test_production_job_serving_merged_weights(tmp_path: Path) -> None:
-    """The same job with ``--lora-serving merged`` (PyTorch/PEFT trainer, Triton attention):
-    SGLang without LoRA, each update merged into the base's linear weights in the engine's actor
-    and sent over CUDA IPC, the trainer computing through the same merged weights. Checked as
-    above, the engine-trainer agreement included; PEFT's unmerged reading of the saved adapter
-    is reported (it differs from the merged policy by the bf16 rounding)."""
+    """The same job with ``--lora-serving merged`` (PyTorch/PEFT trainer, the CUDA recipe's
+    FlashInfer attention, as the benchmark runs it): SGLang without LoRA, each update merged
+    into the base's linear weights in the engine's actor and sent over CUDA IPC, the trainer
+    computing through the same merged weights. Checked as above, the engine-trainer agreement
+    included; PEFT's unmerged reading of the saved adapter is reported (it differs from the
+    merged policy by the bf16 rounding)."""
     hardware = _skip_without_production_stack(1, "torch")
     _run_job(
-        tmp_path, hardware, gpus=1, train_backend="torch", backends="amd-triton",
+        tmp_path, hardware, gpus=1, train_backend="torch", backends="cuda-recipe",
         rollouts=ROLLOUTS, serving="merged",
     )  # fmt: skip
 
