@@ -1,4 +1,4 @@
-"""The modules the PEFT trainer adapts, checked before launch.
+"""The modules the PEFT trainer adapts: PEFT's LoRA config of the flags, checked before launch.
 
 PEFT wraps the model that the checkpoint's ``config.json`` describes, built on the meta device
 (no weight is read or allocated: well under a second at any size), with the trainer's own LoRA
@@ -19,7 +19,23 @@ from trainer.config.lora import MERGED
 from trainer.errors import first_line
 
 if TYPE_CHECKING:
-    from trainer.config import TrainConfig
+    from trainer.config import LoraConfig, TrainConfig
+
+
+def peft_lora_config(lora: LoraConfig) -> Any:
+    """PEFT's ``LoraConfig`` of the LoRA group; PEFT matches the module names (``all-linear``:
+    every linear layer but the output layer) against the model."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    modules = lora.modules()
+    return PeftLoraConfig(
+        r=lora.lora_rank,
+        lora_alpha=lora.lora_alpha,
+        lora_dropout=lora.lora_dropout,
+        target_modules=modules if isinstance(modules, str) else list(modules),
+        exclude_modules=list(lora.excluded()) or None,
+        task_type="CAUSAL_LM",
+    )
 
 
 def unmergeable_layer(model: Any) -> str | None:
@@ -64,8 +80,6 @@ def problem(config: TrainConfig) -> str | None:
 def _meta_problem(config: TrainConfig) -> str | None:
     from peft import get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from trainer.backends.peft_trainer import peft_lora_config
 
     path = config.checkpoint.hf_checkpoint
     try:

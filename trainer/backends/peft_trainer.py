@@ -21,6 +21,7 @@ from trainer.backends.base import ForwardOutput, LoraAdapter, LossFn, StepResult
 from trainer.backends.devices import torch_dtype
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.frozen_weights import FrozenWeights
+from trainer.backends.peft_targets import peft_lora_config
 from trainer.checkpoint import ADAPTER_DIR
 from trainer.config.lora import MERGED
 
@@ -31,22 +32,6 @@ STATE_FILE = "trainer_state.pt"
 # Config fields of causal LMs whose logits are more than ``last_hidden_state @ lm_head.weight.T``
 # (those take the full logits from the model's own forward).
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
-
-
-def peft_lora_config(lora: LoraConfig) -> Any:
-    """PEFT's ``LoraConfig`` of the LoRA group; PEFT matches the module names (``all-linear``:
-    every linear layer but the output layer) against the model."""
-    from peft import LoraConfig as PeftLoraConfig
-
-    modules = lora.modules()
-    return PeftLoraConfig(
-        r=lora.lora_rank,
-        lora_alpha=lora.lora_alpha,
-        lora_dropout=lora.lora_dropout,
-        target_modules=modules if isinstance(modules, str) else list(modules),
-        exclude_modules=list(lora.excluded()) or None,
-        task_type="CAUSAL_LM",
-    )
 
 
 def lr_factor(optim: OptimizerConfig, total_iters: int, step: int) -> float:
