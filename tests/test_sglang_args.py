@@ -134,6 +134,13 @@ def test_bad_extra_values(flag: str, value: str, message: str) -> None:
         _build(flag, value)
 
 
+def test_a_kv_cache_cap_must_hold_more_than_a_response() -> None:
+    with pytest.raises(UsageError, match=r"--sglang-max-total-tokens 256 caps SGLang's KV cache"):
+        _build("--sglang-max-total-tokens", "256", "--rollout-max-response-len", "256")
+    capped = _build("--sglang-max-total-tokens", "4096", "--rollout-max-response-len", "256")
+    assert capped["max_total_tokens"] == 4096
+
+
 def test_colocate_without_backup_does_not_keep_a_weights_copy() -> None:
     base = [a for a in AMD_ARGV if a != "--lora-base-cpu-backup"]
     kwargs = _build(base=base)

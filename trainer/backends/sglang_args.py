@@ -314,7 +314,7 @@ def coerce_extra(
 def problems(config: TrainConfig) -> Iterator[str]:
     """The registry's check of ``--rollout-backend sglang``: every ``--sglang-*`` extra is a
     ServerArgs field of the right type; ``--colocate-memory auto`` knows the engine's reservation
-    (``--sglang-mem-fraction-static``)."""
+    (``--sglang-mem-fraction-static``); a KV cache capped in tokens holds a sample."""
     fraction = config.sglang.sglang_mem_fraction_static
     if config.placement.colocate_memory == "auto" and fraction is None:
         yield (
@@ -324,9 +324,17 @@ def problems(config: TrainConfig) -> Iterator[str]:
     if not config.sglang.sglang_extra:
         return  # reading the field types may import SGLang: only for extras to check
     try:
-        coerce_extra(config.sglang.sglang_extra)
+        extra = coerce_extra(config.sglang.sglang_extra)
     except SGLangArgError as err:
         yield str(err)
+        return
+    kv_tokens, response = extra.get("max_total_tokens"), config.rollout.rollout_max_response_len
+    if kv_tokens is not None and kv_tokens <= response:
+        yield (
+            f"--sglang-max-total-tokens {kv_tokens} caps SGLang's KV cache below one sample: "
+            f"give it more than --rollout-max-response-len {response} plus the prompt, times "
+            "the samples an engine generates at once"
+        )
 
 
 def build_server_args(
