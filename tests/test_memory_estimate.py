@@ -173,11 +173,16 @@ SGLANG_AUTO = (
 )  # fmt: skip
 
 
-def test_sglang_engines_weigh_their_static_fraction(model):
-    config = parse_args(argv(model, *SGLANG_AUTO))
+def sglang_plan(model: Path, *extra: str) -> tuple[memory_estimate.MemoryPlan, ModelShape]:
+    """The estimate for SGLang at 0.5 of an 8 GiB GPU, with `extra` flags."""
+    config = parse_args(argv(model, *SGLANG_AUTO, *extra))
     shape = colocate_memory.model_shape_for(config)
     device = memory_estimate.DeviceMemory(free=8 * GIB, total=8 * GIB)
-    plan = colocate_memory.estimate(config, shape, device=device)
+    return colocate_memory.estimate(config, shape, device=device), shape
+
+
+def test_sglang_engines_weigh_their_static_fraction(model):
+    plan, _ = sglang_plan(model)
     assert plan.engine == 4 * GIB
     assert "--sglang-mem-fraction-static 0.5 of the GPU" in plan.line()
 
@@ -187,29 +192,20 @@ def test_a_kv_cache_capped_in_tokens_shrinks_the_engine_to_weights_adapters_and_
 ):
     """``--sglang-max-total-tokens`` caps SGLang's KV cache below what its fraction reserves:
     the engine is its weights, two adapter slots and that many tokens' K and V in bf16."""
-    config = parse_args(argv(model, *SGLANG_AUTO, "--sglang-max-total-tokens", "1000"))
-    shape = colocate_memory.model_shape_for(config)
-    device = memory_estimate.DeviceMemory(free=8 * GIB, total=8 * GIB)
-    plan = colocate_memory.estimate(config, shape, device=device)
+    plan, shape = sglang_plan(model, "--sglang-max-total-tokens", "1000")
     kv = shape.kv_bytes_per_token_16bit * 1000
     assert plan.engine == shape.parameters * 2 + 2 * shape.lora_parameters * 2 + kv < 4 * GIB
     assert (
         "(weights, 2 adapter slots and a KV cache of --sglang-max-total-tokens 1000, "
         "within --sglang-mem-fraction-static 0.5 of the GPU"
     ) in plan.line()
-    merged = parse_args(
-        argv(model, *SGLANG_AUTO, "--sglang-max-total-tokens", "1000", "--lora-serving", "merged")
-    )
-    merged_plan = colocate_memory.estimate(merged, shape, device=device)
+    merged, _ = sglang_plan(model, "--sglang-max-total-tokens", "1000", "--lora-serving", "merged")
     served_copies = memory_estimate.merged_serving_memory(shape, dtype_bytes=2)
-    assert merged_plan.engine == shape.parameters * 2 + kv + served_copies
+    assert merged.engine == shape.parameters * 2 + kv + served_copies
 
 
 def test_a_kv_cache_cap_above_the_static_fraction_leaves_the_fraction(model):
-    config = parse_args(argv(model, *SGLANG_AUTO, "--sglang-max-total-tokens", "100000000"))
-    shape = colocate_memory.model_shape_for(config)
-    device = memory_estimate.DeviceMemory(free=8 * GIB, total=8 * GIB)
-    plan = colocate_memory.estimate(config, shape, device=device)
+    plan, _ = sglang_plan(model, "--sglang-max-total-tokens", "100000000")
     assert plan.engine == 4 * GIB
     assert "(--sglang-mem-fraction-static 0.5 of the GPU)" in plan.line()
 
@@ -217,14 +213,10 @@ def test_a_kv_cache_cap_above_the_static_fraction_leaves_the_fraction(model):
 def test_merged_serving_adds_the_adapted_weights_twice_to_the_engine_and_once_to_the_trainer(
     model,
 ):
-    config = parse_args(argv(model, *SGLANG_AUTO, "--lora-serving", "merged"))
-    shape = colocate_memory.model_shape_for(config)
-    device = memory_estimate.DeviceMemory(free=8 * GIB, total=8 * GIB)
-    plan = colocate_memory.estimate(config, shape, device=device)
+    plan, shape = sglang_plan(model, "--lora-serving", "merged")
     assert plan.engine == 4 * GIB + 2 * shape.adapted_parameters * 2
     assert "(--lora-serving merged)" in plan.line()
-    served = parse_args(argv(model, *SGLANG_AUTO))
-    adapter = colocate_memory.estimate(served, shape, device=device).trainer
+    adapter = sglang_plan(model)[0].trainer
     assert adapter.merged_weights == 0
     assert plan.trainer.total == adapter.total + shape.adapted_parameters * 2
     assert "+ merged weights" in plan.line()
