@@ -882,7 +882,7 @@ def missing_packages(spec: Spec, paths: dict[str, list[str]]) -> list[str]:
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="the tiny model of trainer/tiny.py")
     parser.add_argument(

@@ -107,7 +107,7 @@ def isolated(variant: str, options: argparse.Namespace) -> tuple[float, float]:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tokens", type=int, help="response length (8192 on CUDA, 1024 on CPU)")
     parser.add_argument("--vocab", type=int, default=151936)

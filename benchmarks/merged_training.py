@@ -76,7 +76,7 @@ def merged_equals_engine(trainer: Any, model_dir: str, device: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="the tiny model of trainer/tiny.py")
     parser.add_argument("--shape", choices=tuple(MODEL_SHAPES), default="qwen3-0.6b")

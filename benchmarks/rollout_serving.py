@@ -142,7 +142,7 @@ def run(spec: Spec, serving: str, repeats: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=tuple(MODEL_SHAPES), default="qwen3-0.6b")
     parser.add_argument("--serving", default=",".join(SERVINGS), help="comma list of servings")
     parser.add_argument("--repeats", type=int, default=3, help="timed generate calls per kind")

@@ -73,7 +73,7 @@ def run(work: Path, name: str, extra: list[str], num_rollout: int) -> list[float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--config",
         action="append",
