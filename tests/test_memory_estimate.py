@@ -181,10 +181,21 @@ def sglang_plan(model: Path, *extra: str) -> tuple[memory_estimate.MemoryPlan, M
     return colocate_memory.estimate(config, shape, device=device), shape
 
 
-def test_sglang_engines_weigh_their_static_fraction(model):
-    plan, _ = sglang_plan(model)
+def test_sglang_engines_weigh_their_static_fraction_and_name_a_cap_that_fits_the_rollout(model):
+    """The rollout's own need: one engine's samples (4 prompts x 2 samples), each of the
+    response length twice (a prompt as long, where its length is not given)."""
+    batches = ("--rollout-batch-size", "4", "--n-samples-per-prompt", "2")
+    plan, shape = sglang_plan(model, *batches, "--global-batch-size", "8")
     assert plan.engine == 4 * GIB
-    assert "--sglang-mem-fraction-static 0.5 of the GPU" in plan.line()
+    needed = 4 * 2 * (256 + 256)
+    rollout = memory_estimate.capped_engine_memory(
+        shape, dtype_bytes=2, kv_tokens=needed, adapter_slots=2
+    )
+    assert (
+        f"(--sglang-mem-fraction-static 0.5 of the GPU, where its rollout needs "
+        f"{memory_estimate.gib(rollout)} GiB: --sglang-max-total-tokens {needed} would cap its "
+        "KV cache there)"
+    ) in plan.line()
 
 
 def test_a_kv_cache_capped_in_tokens_shrinks_the_engine_to_weights_adapters_and_that_cache(

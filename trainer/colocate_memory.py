@@ -49,6 +49,13 @@ def sequence_tokens(config: TrainConfig) -> int:
     return prompt + response
 
 
+def engine_sequences(config: TrainConfig) -> int:
+    """The samples one engine holds at once: its share of a round's prompts x samples."""
+    rollout, placement = config.rollout, config.placement
+    engines = (placement.rollout_num_gpus or 1) // placement.rollout_num_gpus_per_engine
+    return math.ceil(rollout.over_sampling_batch_size * rollout.n_samples_per_prompt / engines)
+
+
 def micro_batch_tokens(config: TrainConfig) -> int:
     megatron = config.megatron
     if (
@@ -77,10 +84,19 @@ def sglang_engine(
     ``--sglang-max-total-tokens`` caps its KV cache."""
     static = memory_estimate.static_engine_memory(fraction, device.total)
     source = f"--sglang-mem-fraction-static {fraction:g} of the GPU"
+    slots = 0 if config.lora.lora_serving == MERGED else sglang_args.LORA_SLOTS
     kv_tokens = sglang_args.coerce_extra(config.sglang.sglang_extra).get("max_total_tokens")
     if kv_tokens is None:
+        needed = engine_sequences(config) * sequence_tokens(config)
+        rollout = memory_estimate.capped_engine_memory(
+            shape, dtype_bytes=dtype_bytes, kv_tokens=needed, adapter_slots=slots
+        )
+        if rollout < static:
+            source += (
+                f", where its rollout needs {memory_estimate.gib(rollout)} GiB: "
+                f"--sglang-max-total-tokens {needed} would cap its KV cache there"
+            )
         return static, source
-    slots = 0 if config.lora.lora_serving == MERGED else sglang_args.LORA_SLOTS
     capped = memory_estimate.capped_engine_memory(
         shape, dtype_bytes=dtype_bytes, kv_tokens=kv_tokens, adapter_slots=slots
     )
@@ -106,10 +122,7 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
     if config.placement.rollout_backend == "sglang" and fraction is not None:
         engine, source = sglang_engine(config, shape, fraction, device, dtype_bytes)
     else:
-        rollout, placement = config.rollout, config.placement
-        engines = (placement.rollout_num_gpus or 1) // placement.rollout_num_gpus_per_engine
-        samples = rollout.over_sampling_batch_size * rollout.n_samples_per_prompt
-        sequences = math.ceil(samples / engines)
+        sequences = engine_sequences(config)
         engine = memory_estimate.resident_engine_memory(
             shape,
             dtype_bytes=dtype_bytes,
