@@ -206,10 +206,31 @@ class WeightsEngine(StandInEngine):
 class StubMerger:
     def __init__(self) -> None:
         self.merged: list[LoraAdapter] = []
+        self.calls: list[str] = []
 
     def merge(self, adapter: LoraAdapter) -> FlatTensors:
         self.merged.append(adapter)
         return FlatTensors.pack({"model.layers.0.self_attn.q_proj.weight": torch.ones(4, 4)})
+
+    def release(self) -> None:
+        self.calls.append("release")
+
+    def restore(self) -> None:
+        self.calls.append("restore")
+
+
+@pytest.mark.parametrize(
+    ("server_args", "calls"),
+    [({"enable_weights_cpu_backup": True}, ["release", "restore"]), ({}, [])],
+)
+def test_merged_the_kept_base_leaves_the_gpu_with_sglangs_weights(
+    server_args: dict[str, Any], calls: list[str]
+) -> None:
+    merger = StubMerger()
+    engine = SGLangRolloutEngine(WeightsEngine(), server_args, pack=lambda t: [b""], merger=merger)
+    engine.release_memory()
+    engine.resume_memory()
+    assert merger.calls == calls
 
 
 def test_merged_the_adapter_replaces_the_weights_and_no_adapter_is_named() -> None:

@@ -278,14 +278,14 @@ class HFRolloutEngine:
         if self.device.type != "cpu":
             self.model.to("cpu")
             if self.merger is not None:
-                self.merger.move_base("cpu")
+                self.merger.release()
             empty_cache(self.device)
 
     def resume_memory(self) -> None:
         if self.device.type != "cpu":
             self.model.to(self.device)
             if self.merger is not None:
-                self.merger.move_base(self.device)
+                self.merger.restore()
 
 
 def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> HFRolloutEngine:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.backends.base import LoraAdapter
+from trainer.backends.devices import empty_cache
 from trainer.backends.flat_tensors import FlatTensors
 
 if TYPE_CHECKING:
@@ -99,15 +100,32 @@ class LoraMerger:
         self._load_base = load_base
         self.device = device
         self.base: dict[str, torch.Tensor] = {}
+        self.host: dict[str, torch.Tensor] = {}  # their host copies, made at the first release
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, device: Any, dtype: torch.dtype) -> LoraMerger:
         return cls(lambda names: read_weights(Path(path), names, dtype), device)
 
-    def move_base(self, device: Any) -> None:
-        """Moves the base weights kept for merging, e.g. to the host while a colocated engine
-        gives its GPU memory to the trainer; `merge` needs them back on `self.device`."""
-        self.base = {name: weight.to(device) for name, weight in self.base.items()}
+    def release(self) -> None:
+        """Gives back the device memory of the base weights kept for merging, while a
+        colocated engine's GPU goes to the trainer. Their host copy is made once (pinned on a
+        GPU, so that `restore` copies asynchronously) and kept: no device-to-host copy after
+        the first release."""
+        import torch
+
+        pin = torch.device(self.device).type == "cuda"
+        for name, weight in self.base.items():
+            if name not in self.host:
+                host = torch.empty(weight.shape, dtype=weight.dtype, pin_memory=pin)
+                self.host[name] = host.copy_(weight)
+        self.base = {}
+        empty_cache(torch.device(self.device))
+
+    def restore(self) -> None:
+        """The kept base weights back on the device after `release`."""
+        self.base = {
+            name: weight.to(self.device, non_blocking=True) for name, weight in self.host.items()
+        }
 
     def merge(self, adapter: LoraAdapter) -> FlatTensors:
         """The merged weights of every layer `adapter` covers, in one buffer on the device."""

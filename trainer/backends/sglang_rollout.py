@@ -15,7 +15,8 @@ training runs; SGLang restores the frozen base weights from its CPU copy, so the
 again. Without it the base weights stay on the GPU and only the KV cache and CUDA graphs are
 released (released weights would have to be sent again). The LoRA buffers are outside
 SGLang's memory-saver regions and survive either way; each rollout phase loads the new adapter
-anyway.
+anyway. Serving merged weights, the base weights this process keeps to merge into follow
+SGLang's: with the backup they leave the GPU while training runs (a pinned host copy, made once).
 
 Adapter hand-over: SGLang passes the tensors to its scheduler process pickled with
 ``multiprocessing``'s ``ForkingPickler``, where every CPU tensor becomes its own shared-memory
@@ -203,10 +204,14 @@ class SGLangRolloutEngine:
 
     def release_memory(self) -> None:
         self._engine.release_memory_occupation(tags=self._release_tags)
+        if self._merger is not None and WEIGHTS in self._release_tags:
+            self._merger.release()  # the base it merges into leaves the GPU with SGLang's
         self._released = True
 
     def resume_memory(self) -> None:
         self._engine.resume_memory_occupation(tags=self._release_tags)
+        if self._merger is not None and WEIGHTS in self._release_tags:
+            self._merger.restore()
         self._released = False
 
     def shutdown(self) -> None:
