@@ -777,13 +777,12 @@ def projection_shapes(spec: Spec) -> dict[str, tuple[int, int]]:
 def count_params(spec: Spec) -> tuple[int, int]:
     """(base parameters, LoRA r=64 parameters on the seven projections of every layer)."""
     s = spec.model_shape
-    hidden, inter, layers = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"]
-    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
-    lora = layers * sum(64 * (a + b) for a, b in projection_shapes(spec).values())
-    attention = hidden * (q + 2 * kv) + q * hidden + 2 * s["head_dim"]
-    per_layer = attention + 3 * hidden * inter + 2 * hidden
-    base = layers * per_layer + s["vocab_size"] * hidden + hidden
-    return base, lora
+    hidden, layers = s["hidden_size"], s["num_hidden_layers"]
+    shapes = projection_shapes(spec).values()
+    lora = layers * sum(64 * (fan_in + fan_out) for fan_in, fan_out in shapes)
+    norms = 2 * s["head_dim"] + 2 * hidden  # q and k norms, the two layer norms
+    per_layer = sum(fan_in * fan_out for fan_in, fan_out in shapes) + norms
+    return layers * per_layer + s["vocab_size"] * hidden + hidden, lora
 
 
 def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> None:

@@ -57,22 +57,15 @@ def mean_logprob_loss(count: int) -> Any:
 def merged_equals_engine(trainer: Any, model_dir: str, device: str) -> bool:
     """Every adapted weight the trainer computes with equals the engine's merge."""
     import torch
-    from peft.tuners.lora.layer import Linear
 
     from trainer.backends.lora_merge import LoraMerger
 
     merger = LoraMerger.from_checkpoint(model_dir, device=device, dtype=trainer.compute_dtype)
     served = merger.merge(trainer.export_adapter())
-    layers = {
-        f"{name}.weight": module
-        for name, module in trainer.model.get_base_model().named_modules()
-        if isinstance(module, Linear)
-    }
-    with torch.no_grad():
-        return layers.keys() == set(served) and all(
-            torch.equal(layers[name].get_base_layer().weight, weight)
-            for name, weight in served.items()
-        )
+    computed = trainer.merged.served()
+    return computed.keys() == set(served) and all(
+        torch.equal(computed[name], weight) for name, weight in served.items()
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

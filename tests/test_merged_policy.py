@@ -75,18 +75,14 @@ def test_gradient_checkpointing_recomputes_the_merged_weights(model_dir):
 def test_in_bf16_the_trainer_computes_with_exactly_the_weights_the_engine_merges(model_dir):
     trainer = make_trainer(model_dir, merged=True, dtype="bf16")
     adapter = trainer.export_adapter()
-    served = LoraMerger.from_checkpoint(model_dir, device="cpu", dtype=torch.bfloat16)
-    merged = served.merge(adapter)
-    layers = {
-        f"{name}.weight": module
-        for name, module in trainer.model.get_base_model().named_modules()
-        if isinstance(module, Linear)
-    }
-    assert layers.keys() == set(merged) and len(layers) > 0
+    merger = LoraMerger.from_checkpoint(model_dir, device="cpu", dtype=torch.bfloat16)
+    merged = merger.merge(adapter)
+    computed = trainer.merged.served()
+    linear = [n for n, m in trainer.model.get_base_model().named_modules() if isinstance(m, Linear)]
+    assert computed.keys() == set(merged) == {f"{name}.weight" for name in linear}
     for name, weight in merged.items():
-        computed = layers[name].get_base_layer().weight
-        assert computed.dtype == torch.bfloat16
-        assert torch.equal(computed, weight), name
+        assert computed[name].dtype == torch.bfloat16
+        assert torch.equal(computed[name], weight), name
 
 
 def test_the_reference_policy_is_the_base_model(model_dir):

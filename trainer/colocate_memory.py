@@ -18,7 +18,6 @@ from trainer import memory_estimate, model_shape
 from trainer.arguments import PROG
 from trainer.backends import registry, sglang_args
 from trainer.config import TrainConfig
-from trainer.config.lora import MERGED
 from trainer.errors import UsageError
 from trainer.memory_estimate import DeviceMemory, MemoryPlan, ModelShape
 
@@ -84,27 +83,22 @@ def sglang_engine(
     ``--sglang-max-total-tokens`` caps its KV cache."""
     static = memory_estimate.static_engine_memory(fraction, device.total)
     source = f"--sglang-mem-fraction-static {fraction:g} of the GPU"
-    slots = 0 if config.lora.lora_serving == MERGED else sglang_args.LORA_SLOTS
-    kv_tokens = sglang_args.coerce_extra(config.sglang.sglang_extra).get("max_total_tokens")
-    if kv_tokens is None:
-        needed = engine_sequences(config) * sequence_tokens(config)
-        rollout = memory_estimate.capped_engine_memory(
-            shape, dtype_bytes=dtype_bytes, kv_tokens=needed, adapter_slots=slots
-        )
-        if rollout < static:
-            source += (
-                f", where its rollout needs {memory_estimate.gib(rollout)} GiB: "
-                f"--sglang-max-total-tokens {needed} would cap its KV cache there"
-            )
-        return static, source
+    cap = sglang_args.coerce_extra(config.sglang.sglang_extra).get("max_total_tokens")
+    tokens = cap if cap is not None else engine_sequences(config) * sequence_tokens(config)
+    slots = 0 if config.lora.merged else sglang_args.LORA_SLOTS
     capped = memory_estimate.capped_engine_memory(
-        shape, dtype_bytes=dtype_bytes, kv_tokens=kv_tokens, adapter_slots=slots
+        shape, dtype_bytes=dtype_bytes, kv_tokens=tokens, adapter_slots=slots
     )
     if capped >= static:
         return static, source
+    if cap is None:  # the rollout needs less than the fraction reserves: say how to cap it
+        return static, (
+            f"{source}, where its rollout needs {memory_estimate.gib(capped)} GiB: "
+            f"--sglang-max-total-tokens {tokens} would cap its KV cache there"
+        )
     return capped, (
-        f"weights, {slots} adapter slots and a KV cache of --sglang-max-total-tokens "
-        f"{kv_tokens}, within {source}"
+        f"weights, {slots} adapter slots and a KV cache of --sglang-max-total-tokens {cap}, "
+        f"within {source}"
     )
 
 
@@ -116,7 +110,7 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
         dtype_bytes=dtype_bytes,
         tokens=micro_batch_tokens(config),
         gradient_checkpointing=recomputes(config),
-        merged=config.lora.lora_serving == MERGED,
+        merged=config.lora.merged,
     )
     fraction = config.sglang.sglang_mem_fraction_static
     if config.placement.rollout_backend == "sglang" and fraction is not None:
@@ -130,7 +124,7 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
             sequence_tokens=sequence_tokens(config),
         )
         source = f"weights and the KV cache of {sequences} samples"
-    if config.lora.lora_serving == MERGED:
+    if config.lora.merged:
         engine += memory_estimate.merged_serving_memory(shape, dtype_bytes=dtype_bytes)
         source += ", + the adapted weights twice to merge into (--lora-serving merged)"
     return memory_estimate.plan(trainer, engine=engine, engine_source=source, device=device)

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from trainer.backends.base import Generation, LoraAdapter, SamplingParams
 from trainer.backends.devices import empty_cache, torch_dtype
 from trainer.backends.lora_merge import LoraMerger
-from trainer.config.lora import MERGED
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -295,5 +294,5 @@ def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> HFRoll
         config.checkpoint.hf_checkpoint,
         device=device,
         dtype=config.placement.resolve_dtype(device),
-        merged=config.lora.lora_serving == MERGED,
+        merged=config.lora.merged,
     )

@@ -67,10 +67,15 @@ class MergedWeight(torch.nn.Module):
         self.dtype = dtype
         self.merging = True
 
+    @property
+    def layer(self) -> Any:
+        """The PEFT LoRA layer whose base weight this is."""
+        return self._layer[0]
+
     def forward(self, base: torch.Tensor) -> torch.Tensor:
         if not self.merging:
             return base
-        layer, adapter = self._layer[0], self.adapter
+        layer, adapter = self.layer, self.adapter
         a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
         return StraightThroughMerge.apply(base, a, b, layer.scaling[adapter], self.dtype)
 
@@ -85,8 +90,8 @@ class MergedPolicy:
 
         if problem := unmergeable_layer(model):
             raise MergeError(problem)
-        self.weights: list[MergedWeight] = []
-        for layer in list(model.modules()):  # registering adds modules
+        self.weights: dict[str, MergedWeight] = {}  # by the base weight's name
+        for name, layer in list(model.get_base_model().named_modules()):  # registering adds some
             if not isinstance(layer, BaseTunerLayer):
                 continue
             (adapter,) = layer.active_adapters
@@ -96,15 +101,23 @@ class MergedPolicy:
                 param.requires_grad_(True)
             weight = MergedWeight(layer, adapter, dtype)
             parametrize.register_parametrization(layer.get_base_layer(), "weight", weight)
-            self.weights.append(weight)
+            self.weights[f"{name}.weight"] = weight
 
     @contextmanager
     def base_only(self) -> Iterator[None]:
         """The base model without the adapter (the reference policy) inside the block."""
-        for weight in self.weights:
+        for weight in self.weights.values():
             weight.merging = False
         try:
             yield
         finally:
-            for weight in self.weights:
+            for weight in self.weights.values():
                 weight.merging = True
+
+    def served(self) -> dict[str, torch.Tensor]:
+        """The weights the trainer computes with, under the names the engines' merge gives them
+        (``model.layers.0.self_attn.q_proj.weight``, ...)."""
+        with torch.no_grad():
+            return {
+                name: weight.layer.get_base_layer().weight for name, weight in self.weights.items()
+            }

@@ -16,7 +16,6 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from trainer.backends.megatron_lora_names import PEFT_PREFIX
-from trainer.config.lora import MERGED
 from trainer.errors import first_line
 
 if TYPE_CHECKING:
@@ -93,6 +92,6 @@ def _meta_problem(config: TrainConfig) -> str | None:
         model = get_peft_model(base, peft_lora_config(config.lora))
     except ValueError as err:  # e.g. all-linear where PEFT finds no linear layer
         return f"--target-modules: PEFT cannot adapt {path} ({first_line(err)})"
-    if config.lora.lora_serving == MERGED:
+    if config.lora.merged:
         return unmergeable_layer(model)
     return None

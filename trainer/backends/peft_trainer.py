@@ -23,7 +23,6 @@ from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.frozen_weights import FrozenWeights
 from trainer.backends.peft_targets import peft_lora_config
 from trainer.checkpoint import ADAPTER_DIR
-from trainer.config.lora import MERGED
 
 if TYPE_CHECKING:
     from trainer.config import LoraConfig, OptimizerConfig, TrainConfig
@@ -321,6 +320,6 @@ def create(config: TrainConfig, device: str, *, total_steps: int) -> PeftPolicyT
         gradient_checkpointing=config.torch.gradient_checkpointing,
         logprob_chunk_rows=config.torch.log_probs_chunk_size,
         base_cpu_backup=config.lora.lora_base_cpu_backup,
-        merged=config.lora.lora_serving == MERGED,
+        merged=config.lora.merged,
         seed=config.misc.seed,
     )

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainer.backends.sglang_server_fields import SERVER_ARGS_FIELDS, SGLANG_VERSION
-from trainer.config.lora import MERGED
 from trainer.config.misc import MAX_SEED
 
 if TYPE_CHECKING:
@@ -365,7 +364,7 @@ def build_server_args(
         # generation_config.json (a min_p or repetition penalty would change the policy).
         "sampling_defaults": "openai",
     }
-    serves_adapter = lora.lora_serving != MERGED  # merged: plain weights, no LoRA at all
+    serves_adapter = not lora.merged  # merged: plain weights, no LoRA at all
     if serves_adapter:
         kwargs.update(
             enable_lora=True,

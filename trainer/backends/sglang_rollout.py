@@ -62,7 +62,6 @@ from trainer.backends.generation_parsing import (
 )
 from trainer.backends.lora_merge import LoraMerger
 from trainer.backends.sglang_args import build_server_args
-from trainer.config.lora import MERGED
 
 if TYPE_CHECKING:
     import torch
@@ -229,7 +228,7 @@ def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> SGLang
         engine_index=engine_index,
     )
     merger = None
-    if config.lora.lora_serving == MERGED:
+    if config.lora.merged:
         merger = LoraMerger.from_checkpoint(
             config.checkpoint.hf_checkpoint,
             device=device,

@@ -31,6 +31,11 @@ class LoraConfig:
         "the adapter's gradients passing the rounding; --train-backend torch only)",
     )
 
+    @property
+    def merged(self) -> bool:
+        """The engines serve the adapter merged into the base (``--lora-serving merged``)."""
+        return self.lora_serving == MERGED
+
     def modules(self) -> str | tuple[str, ...]:
         """``"all-linear"`` or the names of the modules LoRA wraps, as given."""
         return ALL_LINEAR if self.target_modules == ALL_LINEAR else split_list(self.target_modules)

@@ -23,7 +23,7 @@ from trainer.config.checkpoint import CheckpointConfig
 from trainer.config.data import DataConfig, RewardConfig
 from trainer.config.evaluation import EvalConfig
 from trainer.config.flags import non_finite
-from trainer.config.lora import MERGED, LoraConfig
+from trainer.config.lora import LoraConfig
 from trainer.config.megatron import MegatronConfig
 from trainer.config.misc import MiscConfig
 from trainer.config.optimizer import OptimizerConfig
@@ -96,7 +96,7 @@ class TrainConfig:
                 f"--overlong-buffer-len must be in (0, --rollout-max-response-len "
                 f"{rollout.rollout_max_response_len}] (got {buffer})"
             )
-        if self.lora.lora_serving == MERGED and self.placement.train_backend != "torch":
+        if self.lora.merged and self.placement.train_backend != "torch":
             yield (
                 "--lora-serving merged trains the policy through the merged weights, which only "
                 "--train-backend torch does; with Megatron serve the adapter (--lora-serving "
