@@ -60,3 +60,16 @@ def test_a_config_transformers_cannot_build_is_one_line(model_dir, tmp_path):
     line = problem(broken)
     assert line is not None and "\n" not in line
     assert line.startswith(f"--hf-checkpoint {broken}: transformers cannot build its model (")
+
+
+def test_merged_serving_refuses_a_transposed_conv1d_layer(tmp_path):
+    """GPT-2's ``Conv1D`` keeps its weight as [in, out]: PEFT's LoRA ``Linear`` wraps it, the
+    merge (``W + B @ A``, [out, in]) does not fit it."""
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32).save_pretrained(tmp_path)
+    assert problem(tmp_path, "--target-modules", "c_attn") is None
+    assert problem(tmp_path, "--target-modules", "c_attn", "--lora-serving", "merged") == (
+        "--lora-serving merged merges linear layers; transformer.h.0.attn.c_attn is a Conv1D: "
+        "leave it out of --target-modules"
+    )

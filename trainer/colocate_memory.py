@@ -110,7 +110,6 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
         dtype_bytes=dtype_bytes,
         tokens=micro_batch_tokens(config),
         gradient_checkpointing=recomputes(config),
-        merged=config.lora.merged,
     )
     fraction = config.sglang.sglang_mem_fraction_static
     if config.placement.rollout_backend == "sglang" and fraction is not None:

@@ -62,13 +62,10 @@ class TrainerMemory:
     lora_states: int
     activations: int
     logits: int
-    merged_weights: int = 0  # --lora-serving merged: the served weights, kept for backward
 
     @property
     def total(self) -> int:
-        return (
-            self.weights + self.lora_states + self.activations + self.logits + self.merged_weights
-        )
+        return self.weights + self.lora_states + self.activations + self.logits
 
 
 @dataclass(frozen=True)
@@ -100,9 +97,7 @@ class MemoryPlan:
         return (
             f"--colocate-memory auto: {self.mode} (trainer {gib(t.total)} GiB = weights "
             f"{gib(t.weights)} + LoRA with grads and Adam {gib(t.lora_states)} + activations "
-            f"{gib(t.activations)} + logits {gib(t.logits)}"
-            f"{f' + merged weights {gib(t.merged_weights)}' if t.merged_weights else ''}; "
-            f"engine {gib(self.engine)} GiB "
+            f"{gib(t.activations)} + logits {gib(t.logits)}; engine {gib(self.engine)} GiB "
             f"({self.engine_source}); {gib(self.needed)} GiB needed, "
             f"{gib(self.available)} GiB usable: {gib(self.device.free)} GiB free of "
             f"{gib(self.device.total)} GiB less {MARGIN:.0%} of it)"
@@ -119,11 +114,10 @@ def trainer_memory(
     dtype_bytes: int,
     tokens: int,
     gradient_checkpointing: bool,
-    merged: bool = False,
 ) -> TrainerMemory:
-    """`tokens`: of one micro-batch; `dtype_bytes`: of the training dtype (2 bf16, 4 fp32);
-    `merged`: the trainer computes through merged weights (``--lora-serving merged``), which
-    its forward keeps for backward, one set (an overestimate with gradient checkpointing)."""
+    """`tokens`: of one micro-batch; `dtype_bytes`: of the training dtype (2 bf16, 4 fp32).
+    Training the merged policy (``--lora-serving merged``) adds nothing: each layer merges its
+    weight again in backward (`trainer.backends.merged_policy`)."""
     per_layer = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens * shape.hidden_size
     per_layer = per_layer * dtype_bytes // 2
     if gradient_checkpointing:
@@ -136,7 +130,6 @@ def trainer_memory(
         lora_states=shape.lora_parameters * LORA_BYTES_PER_PARAM,
         activations=activations,
         logits=LOGIT_COPIES * tokens * shape.vocab_size * 4,
-        merged_weights=shape.adapted_parameters * dtype_bytes if merged else 0,
     )
 
 

@@ -39,15 +39,21 @@ def peft_lora_config(lora: LoraConfig) -> Any:
 
 
 def unmergeable_layer(model: Any) -> str | None:
-    """Why PEFT `model` cannot be served merged: its first LoRA layer that is not linear."""
+    """Why PEFT `model` cannot be served merged: its first LoRA layer that does not wrap a
+    ``torch.nn.Linear`` (an embedding, or GPT-2's transposed ``Conv1D``, which PEFT's LoRA
+    ``Linear`` also wraps)."""
+    import torch
     from peft.tuners.lora.layer import Linear
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     for name, layer in model.named_modules():
-        if isinstance(layer, BaseTunerLayer) and not isinstance(layer, Linear):
+        if not isinstance(layer, BaseTunerLayer):
+            continue
+        kind = layer if not isinstance(layer, Linear) else layer.get_base_layer()
+        if not isinstance(kind, torch.nn.Linear):
             return (
                 f"--lora-serving merged merges linear layers; {name.removeprefix(PEFT_PREFIX)} "
-                f"is a {type(layer).__name__}: leave it out of --target-modules"
+                f"is a {type(kind).__name__}: leave it out of --target-modules"
             )
     return None
 
