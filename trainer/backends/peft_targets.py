@@ -49,11 +49,11 @@ def unmergeable_layer(model: Any) -> str | None:
     for name, layer in model.named_modules():
         if not isinstance(layer, BaseTunerLayer):
             continue
-        kind = layer if not isinstance(layer, Linear) else layer.get_base_layer()
-        if not isinstance(kind, torch.nn.Linear):
+        wrapped = layer.get_base_layer() if isinstance(layer, Linear) else layer
+        if not isinstance(wrapped, torch.nn.Linear):
             return (
                 f"--lora-serving merged merges linear layers; {name.removeprefix(PEFT_PREFIX)} "
-                f"is a {type(kind).__name__}: leave it out of --target-modules"
+                f"is a {type(wrapped).__name__}: leave it out of --target-modules"
             )
     return None
 
