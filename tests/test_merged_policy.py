@@ -15,6 +15,8 @@ from trainer.backends.peft_trainer import PeftPolicyTrainer
 from trainer.config import LoraConfig, OptimizerConfig
 
 IDS = torch.tensor([[1, 4, 7, 8, 2, 1, 6, 9, 3, 5]])
+# bf16 kernels differ per device: the bf16 tests run on an NVIDIA GPU too (pytest -m cuda_gpu)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda_gpu)]
 
 
 @pytest.fixture(scope="module")
@@ -64,16 +66,21 @@ def test_in_float32_the_merged_policy_and_its_gradients_are_the_adapters(model_d
         torch.testing.assert_close(grad, adapter_grads[name], atol=2e-5, rtol=1e-4, msg=name)
 
 
-def test_in_bf16_a_layer_computes_the_merged_weight_with_lora_s_gradients():
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_bf16_a_layer_computes_the_merged_weight_with_lora_s_gradients(device):
     """The forward is the served weight's, bit for bit; the gradients are the definitions' (in
     float64, to bf16's precision), with the rounding passed straight through."""
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 5, 12, generator=generator).bfloat16().requires_grad_()
-    base = torch.randn(6, 12, generator=generator).bfloat16()
-    bias = torch.randn(6, generator=generator).bfloat16().requires_grad_()
-    a = torch.randn(3, 12, generator=generator).requires_grad_()
-    b = torch.randn(6, 3, generator=generator).requires_grad_()
-    grad = torch.randn(2, 5, 6, generator=generator).bfloat16()
+
+    def random(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(device, dtype)
+
+    x = random(2, 5, 12).requires_grad_()
+    base = random(6, 12)
+    bias = random(6).requires_grad_()
+    a = random(3, 12, dtype=torch.float32).requires_grad_()
+    b = random(6, 3, dtype=torch.float32).requires_grad_()
+    grad = random(2, 5, 6)
     y = MergedLinearFunction.apply(x, base, bias, a, b, 0.5, torch.bfloat16)
     y.backward(grad)
 
@@ -120,10 +127,11 @@ def test_gradient_checkpointing_recomputes_the_merged_weights(model_dir):
         torch.testing.assert_close(grad, plain[name], atol=2e-5, rtol=1e-4, msg=name)
 
 
-def test_in_bf16_the_trainer_computes_with_exactly_the_weights_the_engine_merges(model_dir):
-    trainer = make_trainer(model_dir, merged=True, dtype="bf16")
+@pytest.mark.parametrize("device", DEVICES)
+def test_in_bf16_the_trainer_computes_with_exactly_the_weights_the_engine_merges(model_dir, device):
+    trainer = make_trainer(model_dir, merged=True, dtype="bf16", device=device)
     adapter = trainer.export_adapter()
-    merger = LoraMerger.from_checkpoint(model_dir, device="cpu", dtype=torch.bfloat16)
+    merger = LoraMerger.from_checkpoint(model_dir, device=device, dtype=torch.bfloat16)
     merged = merger.merge(adapter)
     computed = trainer.merged.served()
     linear = [n for n, m in trainer.model.get_base_model().named_modules() if isinstance(m, Linear)]
