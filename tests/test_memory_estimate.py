@@ -103,9 +103,7 @@ def test_a_device_too_small_for_both_releases():
 
 
 def test_a_resident_engine_holds_its_weights_and_its_samples_kv_cache():
-    bf16 = memory_estimate.resident_engine_memory(
-        QWEN3_0_6B, dtype_bytes=2, sequences=64, sequence_tokens=512
-    )
+    bf16 = memory_estimate.engine_memory(QWEN3_0_6B, dtype_bytes=2, kv_tokens=64 * 512)
     assert bf16 == 596_049_920 * 2 + 114_688 * 64 * 512
 
 
@@ -188,9 +186,7 @@ def test_sglang_engines_weigh_their_static_fraction_and_name_a_cap_that_fits_the
     plan, shape = sglang_plan(model, *batches, "--global-batch-size", "8")
     assert plan.engine == 4 * GIB
     needed = 4 * 2 * (256 + 256)
-    rollout = memory_estimate.capped_engine_memory(
-        shape, dtype_bytes=2, kv_tokens=needed, adapter_slots=2
-    )
+    rollout = memory_estimate.engine_memory(shape, dtype_bytes=2, kv_tokens=needed, adapter_slots=2)
     assert (
         f"(--sglang-mem-fraction-static 0.5 of the GPU, where its rollout needs "
         f"{memory_estimate.gib(rollout)} GiB: --sglang-max-total-tokens {needed} would cap its "

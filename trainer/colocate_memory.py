@@ -86,7 +86,7 @@ def sglang_engine(
     cap = sglang_args.coerce_extra(config.sglang.sglang_extra).get("max_total_tokens")
     tokens = cap if cap is not None else engine_sequences(config) * sequence_tokens(config)
     slots = 0 if config.lora.merged else sglang_args.LORA_SLOTS
-    capped = memory_estimate.capped_engine_memory(
+    capped = memory_estimate.engine_memory(
         shape, dtype_bytes=dtype_bytes, kv_tokens=tokens, adapter_slots=slots
     )
     if capped >= static:
@@ -116,11 +116,8 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
         engine, source = sglang_engine(config, shape, fraction, device, dtype_bytes)
     else:
         sequences = engine_sequences(config)
-        engine = memory_estimate.resident_engine_memory(
-            shape,
-            dtype_bytes=dtype_bytes,
-            sequences=sequences,
-            sequence_tokens=sequence_tokens(config),
+        engine = memory_estimate.engine_memory(
+            shape, dtype_bytes=dtype_bytes, kv_tokens=sequences * sequence_tokens(config)
         )
         source = f"weights and the KV cache of {sequences} samples"
     if config.lora.merged:

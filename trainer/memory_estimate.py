@@ -138,24 +138,16 @@ def static_engine_memory(mem_fraction_static: float, device_total: int) -> int:
     return int(mem_fraction_static * device_total)
 
 
-def capped_engine_memory(
-    shape: ModelShape, *, dtype_bytes: int, kv_tokens: int, adapter_slots: int
+def engine_memory(
+    shape: ModelShape, *, dtype_bytes: int, kv_tokens: int, adapter_slots: int = 0
 ) -> int:
-    """SGLang with its KV cache capped at `kv_tokens` tokens (``--sglang-max-total-tokens``):
-    its weights, the buffers of `adapter_slots` adapters (0 serving merged weights) and that
-    cache. Bounded by its static reservation (`static_engine_memory`) all the same."""
+    """An engine's weights, the buffers of `adapter_slots` adapters and a KV cache of
+    `kv_tokens` tokens: the transformers engine (its samples' tokens), or SGLang with its cache
+    capped (``--sglang-max-total-tokens``; its LoRA slots, none serving merged weights), which
+    stays bounded by its static reservation (`static_engine_memory`) all the same."""
     kv = shape.kv_bytes_per_token_16bit * dtype_bytes // 2 * kv_tokens
     adapters = adapter_slots * shape.lora_parameters * dtype_bytes
     return shape.parameters * dtype_bytes + adapters + kv
-
-
-def resident_engine_memory(
-    shape: ModelShape, *, dtype_bytes: int, sequences: int, sequence_tokens: int
-) -> int:
-    """An engine without a static reservation: its weights and the KV cache of `sequences`
-    sequences of `sequence_tokens` tokens."""
-    kv = shape.kv_bytes_per_token_16bit * dtype_bytes // 2 * sequences * sequence_tokens
-    return shape.parameters * dtype_bytes + kv
 
 
 def merged_serving_memory(shape: ModelShape, *, dtype_bytes: int) -> int:
