@@ -23,33 +23,39 @@ text's length).
   ignored through `generation_kwargs` (handed to vLLM's `SamplingParams`): `min_tokens` =
   response length with the tokenizer's EOS as a stop token, so vLLM masks it as transformers'
   `min_new_tokens` does.
-  `vllm_enable_sleep_mode` is on, for two reasons: memory, since the three workers hold their
-  memory side by side on one GPU (on an H200 of 140 GiB: ours about 28 GiB, trl 57 GiB, and
-  trl-vllm without sleep its 42 GiB vLLM pool plus about 27 GiB of training, 154 GiB in all;
-  asleep at level 2, vLLM frees its weights and KV cache while TRL trains, and TRL empties
-  torch's cache before waking it; between their steps all workers empty theirs, since with
-  ours' `--ours-memory keep` (49 GiB) vLLM's wake-up ran out of memory); and likeness, since
-  ours' colocated engine releases its
-  memory during training as well. TRL's other vLLM defaults stay: its importance-sampling
+  `vllm_enable_sleep_mode` is on when the systems run side by side (below), for two reasons:
+  memory, since the three workers hold their memory side by side on one GPU (on an H200 of 140
+  GiB: ours about 28 GiB, trl 57 GiB, and trl-vllm without sleep its 42 GiB vLLM pool plus about
+  27 GiB of training, 154 GiB in all; asleep at level 2, vLLM frees its weights and KV cache
+  while TRL trains, and TRL empties torch's cache before waking it; between their steps all
+  workers empty theirs, since with ours' `--ours-memory keep` (49 GiB) vLLM's wake-up ran out of
+  memory); and likeness, since ours' colocated engine releases its memory during training as
+  well. With `--one-at-a-time` memory does not need it, and it is off; `--vllm-sleep` /
+  `--no-vllm-sleep` decide otherwise. TRL's other vLLM defaults stay: its importance-sampling
   correction costs one no-grad forward over the rollout per step. Its phases: `sync_weights`
   (waking vLLM's discarded weights, merge, load, unmerge); the rest of generation is its rollout
   (waking the KV cache, generating, and putting vLLM back to sleep).
 
-Each system lives in its own worker process; after `--warmup` steps each, the parent makes them take
-their timed steps in turn (ours, trl, trl-vllm, ours, ...; `--trl-steps` etc. give one system fewer,
-e.g. the slow `trl`, which then drops out of the later rounds). `--SYSTEM-path` puts directories
-first on that worker's `sys.path` and `PYTHONPATH` only: on a node where vLLM's and SGLang's pins
-conflict, each comes from its own wheelhouse target. Reported per system: the package versions its
-worker imported, step time median / min / max, rollout tokens/s (generated tokens over the
-generation time, prefill included), training tokens/s (prompt + response tokens over the rest of the
-step), peak GPU memory (NVML, the worker's whole process tree, SGLang's scheduler included; and
-torch's peak allocated in the worker itself), the ratio of each other system's median to ours, and
-the decode roofline: the rollout's throughput against the bound HBM bandwidth sets (weights + LoRA +
-KV cache read once per decode step).
+Each system lives in its own worker process; after `--warmup` steps each, the parent makes them
+take their timed steps in turn (ours, trl, trl-vllm, ours, ...; `--trl-steps` etc. give one
+system fewer, e.g. the slow `trl`, which then drops out of the later rounds). `--one-at-a-time`
+runs them one after another instead, each alone on the device (started, warmed up, timed,
+ended), for shapes whose systems do not fit the device together (Qwen3-4B on an H200); a system
+that fails there, out of memory say, is reported with its error and the others still run.
+`--SYSTEM-path` puts directories first on that worker's `sys.path` and `PYTHONPATH` only: on a
+node where vLLM's and SGLang's pins conflict, each comes from its own wheelhouse target.
+Reported per system: the package versions its worker imported, step time median / min / max,
+rollout tokens/s (generated tokens over the generation time, prefill included), training
+tokens/s (prompt + response tokens over the rest of the step), peak GPU memory (NVML, the
+worker's whole process tree, SGLang's scheduler included; and torch's peak allocated in the
+worker itself), the ratio of each other system's median to ours, and the decode roofline: the
+rollout's throughput against the bound HBM bandwidth sets (weights + LoRA + KV cache read once
+per decode step).
 
     python benchmarks/grpo_vs_trl.py                       # ours and trl on the H200 (CUDA)
     python benchmarks/grpo_vs_trl.py --systems ours,trl,trl-vllm --trl-vllm-path /tmp/site-vllm
     python benchmarks/grpo_vs_trl.py --device cpu --tiny   # tiny model, HF rollout, on CPU
+    python benchmarks/grpo_vs_trl.py --shape qwen3-4b --systems ours,trl-vllm,trl --one-at-a-time
 
 Needs ``pip install -e '.[bench]'`` (trl, datasets) and, for the GPU systems, SGLang and vLLM
 (docs/offline-nodes.md: their wheelhouses).
@@ -126,6 +132,7 @@ class Spec:
     shape: str = "qwen3-0.6b"  # a MODEL_SHAPES key (unused with `tiny`)
     ours_flags: list[str] = field(default_factory=list)
     ours_memory: str = "release"  # an OURS_MEMORY key
+    vllm_sleep: bool = True  # trl-vllm: vLLM's sleep mode (see the module's docstring)
 
     @property
     def model_shape(self) -> dict[str, Any]:
@@ -488,7 +495,7 @@ def trl_config(spec: Spec, steps: int, kind: str) -> Any:
         generation: dict[str, Any] = {
             "use_vllm": True,
             "vllm_mode": "colocate",
-            "vllm_enable_sleep_mode": True,
+            "vllm_enable_sleep_mode": spec.vllm_sleep,
             "generation_kwargs": {"min_tokens": spec.response_len, "stop_token_ids": [eos]},
         }
     else:
@@ -642,26 +649,42 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, path: list[str], co
             run_trl(spec, kind, steps, conn, memory)
         else:
             system = Ours(spec, steps)
-            conn.send(("ready", package_versions()))
-            for _ in range(steps):
-                command = conn.recv()
-                if command == "reset":
-                    memory.reset()
-                    if spec.device.startswith("cuda"):
-                        torch.cuda.reset_peak_memory_stats()
+            try:
+                conn.send(("ready", package_versions()))
+                for _ in range(steps):
                     command = conn.recv()
-                step = system.step()
-                memory.idle()
-                conn.send(asdict(step))
-            system.close()
+                    if command == "reset":
+                        memory.reset()
+                        if spec.device.startswith("cuda"):
+                            torch.cuda.reset_peak_memory_stats()
+                        command = conn.recv()
+                    step = system.step()
+                    memory.idle()
+                    conn.send(asdict(step))
+            finally:  # SGLang's engine processes end with it, on a failure too
+                system.close()
         allocated = torch.cuda.max_memory_allocated() if spec.device.startswith("cuda") else 0
         peak = memory.stop()
         conn.send(("memory", peak, memory.peak_own, allocated, memory.per_process))
     except UsageError as err:  # ours' argv, e.g. a bad --ours-flags: one line
-        conn.send(("error", f"train.py flags: {err}"))
+        conn.send(("usage", f"train.py flags: {err}"))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         raise
+
+
+class WorkerFailed(Exception):
+    """A system's worker raised (its traceback) or died without a result."""
+
+    def __init__(self, kind: str, details: str) -> None:
+        super().__init__(f"the {kind} worker failed:\n{details.rstrip()}")
+        self.kind = kind
+        self.details = details.rstrip()
+
+    @property
+    def reason(self) -> str:
+        """The traceback's last line: the exception (e.g. CUDA's out of memory)."""
+        return self.details.splitlines()[-1] if self.details else "no details"
 
 
 class Worker:
@@ -681,13 +704,15 @@ class Worker:
             message = self.conn.recv()
         except EOFError:
             self.process.join(timeout=30)
-            sys.exit(
-                f"grpo_vs_trl: the {self.kind} worker exited (code {self.process.exitcode}) "
-                "without a result"
-            )
+            raise WorkerFailed(
+                self.kind, f"exited (code {self.process.exitcode}) without a result"
+            ) from None
+        if isinstance(message, tuple) and message[0] == "usage":
+            self.process.join(timeout=30)
+            sys.exit(f"grpo_vs_trl: {message[1]}")
         if isinstance(message, tuple) and message[0] == "error":
             self.process.join(timeout=30)
-            sys.exit(f"grpo_vs_trl: the {self.kind} worker failed:\n{message[1].rstrip()}")
+            raise WorkerFailed(self.kind, message[1])
         return message
 
     def expect(self, tag: str) -> tuple[Any, ...]:
@@ -706,6 +731,12 @@ class Worker:
         _, peak, peak_own, allocated, per_process = self.expect("memory")
         self.process.join(timeout=120)
         return peak, peak_own, allocated, per_process
+
+    def stop(self) -> None:
+        """End the worker process if it still runs (a failure elsewhere left it waiting)."""
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join(timeout=60)
 
 
 # ---------------------------------------------------------------------------- report
@@ -753,12 +784,18 @@ def machine(spec: Spec) -> str:
     return f"{name}, {os.cpu_count()} cores"
 
 
+def completed(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The systems that took their steps (with `--one-at-a-time`, one may have failed)."""
+    return {kind: r for kind, r in results.items() if "failed" not in r}
+
+
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     """Every other system's median step time over ours' (how many times faster ours is)."""
-    if "ours" not in results:
+    done = completed(results)
+    if "ours" not in done:
         return {}
-    ours = results["ours"]["summary"]["median"]
-    return {kind: r["summary"]["median"] / ours for kind, r in results.items() if kind != "ours"}
+    ours = done["ours"]["summary"]["median"]
+    return {kind: r["summary"]["median"] / ours for kind, r in done.items() if kind != "ours"}
 
 
 def projection_shapes(spec: Spec) -> dict[str, tuple[int, int]]:
@@ -785,16 +822,26 @@ def count_params(spec: Spec) -> tuple[int, int]:
     return layers * per_layer + s["vocab_size"] * hidden + hidden, lora
 
 
-def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> None:
+def report(
+    spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float, *, alone: bool = False
+) -> None:
+    """Print the run's table; `alone`: each system ran by itself (`--one-at-a-time`)."""
     cuda = spec.device.startswith("cuda")
-    per_process = all(r["per_process"] for r in results.values())
+    done = completed(results)
+    per_process = all(r["per_process"] for r in done.values())
     unit = "GiB (RSS)" if not cuda else "GiB (NVML)"
-    where = (
-        "each system's process tree" if per_process else "device above idle, other idle included"
-    )
+    others = "" if alone else ", other idle included"
+    where = "each system's process tree" if per_process else f"device above idle{others}"
     print(f"\n{machine(spec)}")
-    for name, r in results.items():
+    for name, r in done.items():
         print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()))
+    if "trl-vllm" in results:
+        print(f"trl-vllm: vLLM's sleep mode {'on' if spec.vllm_sleep else 'off'}")
+    print(
+        "systems: one at a time, each alone on the device"
+        if alone
+        else "systems: side by side, timed steps in turn"
+    )
     print(
         f"{spec.prompts} prompts x {spec.samples} samples, {spec.prompt_len} prompt + "
         f"{spec.response_len} response tokens, LoRA r=64 all-linear, "
@@ -806,6 +853,9 @@ def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> N
     )
     print(header)
     for name, r in results.items():
+        if "failed" in r:
+            print(f"{name:<8} failed at {r['stage']}: {r['failed']}")
+            continue
         s = r["summary"]
         peak = f"{r['peak'] / GIB:.2f}"
         allocated = f"{r['allocated'] / GIB:.2f}" if cuda else "n/a"
@@ -820,10 +870,10 @@ def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> N
             "at its peak, the worker process itself / its child processes (GiB): "
             + ", ".join(
                 f"{name} {r['peak_own'] / GIB:.2f} / {(r['peak'] - r['peak_own']) / GIB:.2f}"
-                for name, r in results.items()
+                for name, r in done.items()
             )
         )
-    for name, r in results.items():
+    for name, r in done.items():
         phases = phase_medians(r["times"])
         if phases:
             print(f"{name} per step (median): " + ", ".join(f"{k} {v:.3f}" for k, v in phases))
@@ -832,7 +882,7 @@ def report(spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float) -> N
     if not spec.tiny:
         base, lora = count_params(spec)
         bound = decode_bound(spec, hbm_tbps, base, lora)
-        for name, r in results.items():
+        for name, r in done.items():
             measured = r["summary"]["rollout_tps"]
             print(
                 f"roofline {name}: rollout {measured:.0f} tok/s vs HBM bound {bound:.0f} tok/s "
@@ -922,6 +972,19 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         "the engine's KV cache and CUDA graphs only (release-kv), engine and trainer both "
         "resident (keep), or train.py's estimate decides (auto)",
     )
+    parser.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="each system alone on the device in turn (started, warmed up, timed, ended), for "
+        "shapes whose systems do not fit the device together; a system that fails is reported "
+        "as failed and the others still run (default: side by side, timed steps in turn)",
+    )
+    parser.add_argument(
+        "--vllm-sleep",
+        action=argparse.BooleanOptionalAction,
+        help="trl-vllm: vLLM's sleep mode during training (default: on side by side, where "
+        "the three systems' memory needs it; off with --one-at-a-time)",
+    )
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     options = parser.parse_args(argv)
@@ -959,6 +1022,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         shape=options.shape,
         ours_flags=shlex.split(options.ours_flags),
         ours_memory=options.ours_memory,
+        vllm_sleep=(
+            not options.one_at_a_time if options.vllm_sleep is None else options.vllm_sleep
+        ),
     )
     missing = missing_packages(spec, options.paths)
     if missing:
@@ -993,57 +1059,101 @@ def main(argv: list[str] | None = None) -> None:
         print(f"built model and prompts in {time.perf_counter() - started:.1f} s", flush=True)
         baseline = device_used(spec.device)
         workers: dict[str, Worker] = {}
+        run = run_one_at_a_time if options.one_at_a_time else run_side_by_side
         try:
-            results = run_systems(options, spec, baseline, workers)
+            results = run(options, spec, baseline, workers)
+        except WorkerFailed as failure:
+            sys.exit(f"grpo_vs_trl: {failure}")
         finally:
             for w in workers.values():  # after a failure, the others wait for commands
-                if w.process.is_alive():
-                    w.process.terminate()
-    report(spec, results, options.hbm_tbps)
+                w.stop()
+    report(spec, results, options.hbm_tbps, alone=options.one_at_a_time)
     if options.json:
-        document = {"spec": asdict(spec), "results": results, "ratios": ratios(results)}
+        document = {
+            "spec": asdict(spec),
+            "one_at_a_time": options.one_at_a_time,
+            "results": results,
+            "ratios": ratios(results),
+        }
         options.json.write_text(json.dumps(document, indent=1))
 
 
-def run_systems(
-    options: argparse.Namespace, spec: Spec, baseline: int, workers: dict[str, Any]
+def start_worker(kind: str, options: argparse.Namespace, spec: Spec, baseline: int) -> Worker:
+    started = time.perf_counter()
+    total = options.warmup + options.steps[kind]
+    w = Worker(kind, spec, total, baseline, options.paths[kind])
+    print(f"{kind}: ready in {time.perf_counter() - started:.1f} s", flush=True)
+    return w
+
+
+def warm_up(w: Worker, steps: int) -> None:
+    for index in range(steps):
+        t = w.step()
+        print(f"{w.kind} warm-up {index + 1}: {t.step_s:.2f} s", flush=True)
+
+
+def timed_step(w: Worker, index: int) -> StepTime:
+    t = w.step(reset=index == 0)
+    print(f"{w.kind} step {index + 1}: {t.step_s:.2f} s (rollout {t.rollout_s:.2f} s)", flush=True)
+    return t
+
+
+def result_of(w: Worker, times: list[StepTime]) -> dict[str, Any]:
+    peak, peak_own, allocated, per_process = w.finish()
+    return {
+        "times": [asdict(t) for t in times],
+        "summary": summary(times),
+        "peak": peak,
+        "peak_own": peak_own,
+        "allocated": allocated,
+        "per_process": per_process,
+        "versions": w.versions,
+    }
+
+
+def run_side_by_side(
+    options: argparse.Namespace, spec: Spec, baseline: int, workers: dict[str, Worker]
 ) -> dict[str, dict[str, Any]]:
     """Start the workers (into `workers`), warm each up, then alternate the timed steps: round
-    `i` steps every system that has more than `i` timed steps."""
+    `i` steps every system that has more than `i` timed steps. A failing system ends the run."""
     # One at a time: SGLang sizes its pool from free memory, and vLLM's start-up profile fails
     # when another process frees memory meanwhile.
     for kind in options.systems:
-        started = time.perf_counter()
-        total = options.warmup + options.steps[kind]
-        workers[kind] = Worker(kind, spec, total, baseline, options.paths[kind])
-        print(f"{kind}: ready in {time.perf_counter() - started:.1f} s", flush=True)
-    for kind, w in workers.items():
-        for index in range(options.warmup):
-            t = w.step()
-            print(f"{kind} warm-up {index + 1}: {t.step_s:.2f} s", flush=True)
+        workers[kind] = start_worker(kind, options, spec, baseline)
+    for w in workers.values():
+        warm_up(w, options.warmup)
     times: dict[str, list[StepTime]] = {kind: [] for kind in workers}
     for index in range(max(options.steps.values())):
         for kind, w in workers.items():
-            if index >= options.steps[kind]:
-                continue
-            t = w.step(reset=index == 0)
-            times[kind].append(t)
-            print(
-                f"{kind} step {index + 1}: {t.step_s:.2f} s (rollout {t.rollout_s:.2f} s)",
-                flush=True,
-            )
-    results = {}
-    for kind, w in workers.items():
-        peak, peak_own, allocated, per_process = w.finish()
-        results[kind] = {
-            "times": [asdict(t) for t in times[kind]],
-            "summary": summary(times[kind]),
-            "peak": peak,
-            "peak_own": peak_own,
-            "allocated": allocated,
-            "per_process": per_process,
-            "versions": w.versions,
-        }
+            if index < options.steps[kind]:
+                times[kind].append(timed_step(w, index))
+    return {kind: result_of(w, times[kind]) for kind, w in workers.items()}
+
+
+def run_one_at_a_time(
+    options: argparse.Namespace, spec: Spec, baseline: int, workers: dict[str, Worker]
+) -> dict[str, dict[str, Any]]:
+    """Each system alone on the device in turn: started, warmed up, timed, its worker ended
+    before the next starts. A system that fails (out of memory at a large shape) is reported
+    with its error (its worker has printed the traceback), and the others still run."""
+    results: dict[str, dict[str, Any]] = {}
+    for kind in options.systems:
+        stage = "start"
+        try:
+            w = workers[kind] = start_worker(kind, options, spec, baseline)
+            stage = "warm-up"
+            warm_up(w, options.warmup)
+            times = []
+            for index in range(options.steps[kind]):
+                stage = f"step {index + 1}"
+                times.append(timed_step(w, index))
+            results[kind] = result_of(w, times)
+        except WorkerFailed as failure:
+            print(f"{kind}: failed at {stage}: {failure.reason}", flush=True)
+            results[kind] = {"failed": failure.reason, "stage": stage}
+        finally:
+            if kind in workers:
+                workers.pop(kind).stop()  # its memory free before the next system starts
     return results
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -273,18 +274,48 @@ def test_use_path_puts_the_folders_first(bench, monkeypatch):
     assert os.environ["PYTHONPATH"] == os.pathsep.join(["/a1", "/a2", "/c"])
 
 
-@pytest.mark.timeout(120)
-def test_the_worker_imports_from_its_own_path_first(bench, tmp_path, monkeypatch):
-    """A `trl` on the trl worker's path shadows the installed one in that worker."""
+@pytest.mark.timeout(180)
+def test_one_at_a_time_a_failing_system_is_reported_and_the_others_still_run(
+    bench, tmp_path, monkeypatch, capsys
+):
+    """`--one-at-a-time` (for shapes whose systems do not fit one device together): trl's
+    worker fails at its start, importing the broken `trl` its own `--trl-path` puts first; ours
+    then runs alone and is reported; no ratio without both."""
     pytest.importorskip("trl")
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the spawned worker imports it
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     shadow = tmp_path / "extra" / "trl"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('the trl of the extra path')\n")
-    with pytest.raises(SystemExit) as exit_info:
-        bench.Worker("trl", tiny_spec(bench, tmp_path), 1, 0, [str(tmp_path / "extra")])
-    assert "the trl worker failed" in str(exit_info.value)
-    assert "the trl of the extra path" in str(exit_info.value)
+    out = tmp_path / "results.json"
+    argv = ["--device", "cpu", "--tiny", "--systems", "trl,ours", "--one-at-a-time"]
+    argv += ["--steps", "1", "--warmup", "0", "--trl-path", str(tmp_path / "extra")]
+    bench.main([*argv, "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "trl: failed at start: ImportError: the trl of the extra path" in printed
+    assert "trl      failed at start: ImportError: the trl of the extra path" in printed
+    assert "systems: one at a time, each alone on the device" in printed
+    assert "ratio" not in printed
+    document = json.loads(out.read_text())
+    assert document["one_at_a_time"] and document["ratios"] == {}
+    assert document["results"]["trl"] == {
+        "failed": "ImportError: the trl of the extra path",
+        "stage": "start",
+    }
+    ours = document["results"]["ours"]
+    assert len(ours["times"]) == 1 and ours["times"][0]["response_tokens"] == 64 * 32
+    assert ours["peak"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "sleep"),
+    [([], True), (["--one-at-a-time"], False), (["--one-at-a-time", "--vllm-sleep"], True),
+     (["--no-vllm-sleep"], False)],
+)  # fmt: skip
+def test_vllm_sleeps_where_the_systems_share_the_device(bench, argv, sleep):
+    pytest.importorskip("trl")
+    _, spec = bench.parse(["--device", "cpu", "--tiny", *argv])
+    assert spec.vllm_sleep is sleep
+    assert bench.trl_config(spec, steps=1, kind="trl-vllm").vllm_enable_sleep_mode is sleep
 
 
 def test_peak_memory_splits_the_process_tree_at_its_peak(bench):
@@ -324,6 +355,8 @@ def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsy
     assert "ratio (trl median / ours median): 4.00x" in out
     assert "ratio (trl-vllm median / ours median): 1.50x" in out
     assert "trl-vllm: trl 1.16.0, vllm 0.26.0" in out
+    assert "trl-vllm: vLLM's sleep mode on" in out
+    assert "systems: side by side, timed steps in turn" in out
     assert "its child processes (GiB): ours 0.25 / 0.75, trl 0.25 / 0.75" in out
     rows = [line.split()[0] for line in out.splitlines() if line.endswith("n/a")]
     assert rows == ["ours", "trl", "trl-vllm"]
