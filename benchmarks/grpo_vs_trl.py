@@ -727,7 +727,7 @@ class Worker:
         self.conn.send("step")
         return StepTime(**self.receive())  # plain dicts cross the pipe, not __mp_main__ classes
 
-    def finish(self) -> tuple[int, int, float, bool]:
+    def finish(self) -> tuple[int, int, int, bool]:
         _, peak, peak_own, allocated, per_process = self.expect("memory")
         self.process.join(timeout=120)
         return peak, peak_own, allocated, per_process
