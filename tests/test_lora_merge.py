@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from trainer import tiny
 from trainer.backends.base import LoraAdapter
@@ -112,6 +113,34 @@ def test_merging_rounds_once_from_float32():
     assert merged.dtype == torch.bfloat16
     expected = (base.float() + 3.0 * b.float() @ a.float()).to(torch.bfloat16)
     assert torch.equal(merged, expected)
+
+
+class PrecisionAtAddmm(TorchFunctionMode):
+    """Records the float32 matmul precision in effect at each ``torch.addmm``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.addmm:
+            self.seen.append(torch.get_float32_matmul_precision())
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("outside", ["high", "medium", "highest"])
+def test_the_merge_is_full_float32_whatever_the_process_allows(outside):
+    """TF32 (``"high"``, what SGLang's ``--enable-tf32-matmul`` sets) or bf16 passes
+    (``"medium"``) in one process and not the other would merge different weights."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(outside)
+    try:
+        with PrecisionAtAddmm() as mode:
+            merged_weight(torch.ones(2, 3), torch.ones(1, 3), torch.ones(2, 1), scaling=2.0)
+        assert mode.seen == ["highest"]
+        assert torch.get_float32_matmul_precision() == outside
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 @pytest.mark.parametrize(

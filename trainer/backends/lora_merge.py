@@ -13,7 +13,8 @@ with rsLoRA.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,10 +84,31 @@ def lora_scaling(config: Mapping[str, Any]) -> float:
 def merged_weight(
     base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float
 ) -> torch.Tensor:
-    """``base + scaling * b @ a`` computed in float32, in `base`'s dtype."""
+    """``base + scaling * b @ a`` computed in float32, in `base`'s dtype. The product is full
+    float32 whatever the process allows for float32 matrix products (TF32 after
+    ``torch.set_float32_matmul_precision("high")``, bf16 passes after ``"medium"``): the engine's
+    merge and the trainer's (`merged_policy`) must round to the same weights bit for bit."""
     import torch
 
-    return torch.addmm(base.float(), b.float(), a.float(), alpha=scaling).to(base.dtype)
+    with full_float32_matmuls():
+        return torch.addmm(base.float(), b.float(), a.float(), alpha=scaling).to(base.dtype)
+
+
+@contextmanager
+def full_float32_matmuls() -> Iterator[None]:
+    """Float32 matrix products at full precision inside the block; the process's setting is
+    left as it was (and untouched where it already is full precision)."""
+    import torch
+
+    previous = torch.get_float32_matmul_precision()
+    if previous == "highest":
+        yield
+        return
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 class LoraMerger:

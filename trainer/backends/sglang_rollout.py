@@ -103,6 +103,8 @@ class SGLangRolloutEngine:
             if server_args.get("enable_weights_cpu_backup")
             else [KV_CACHE, CUDA_GRAPH]
         )
+        # the base weights the merger keeps leave the GPU with SGLang's own, where those do
+        self._merger_releasing = merger if WEIGHTS in self._release_tags else None
         self._adapter_name: str | None = None
         self._names = itertools.count()
         self._released = False
@@ -203,14 +205,14 @@ class SGLangRolloutEngine:
 
     def release_memory(self) -> None:
         self._engine.release_memory_occupation(tags=self._release_tags)
-        if self._merger is not None and WEIGHTS in self._release_tags:
-            self._merger.release()  # the base it merges into leaves the GPU with SGLang's
+        if self._merger_releasing is not None:
+            self._merger_releasing.release()
         self._released = True
 
     def resume_memory(self) -> None:
         self._engine.resume_memory_occupation(tags=self._release_tags)
-        if self._merger is not None and WEIGHTS in self._release_tags:
-            self._merger.restore()
+        if self._merger_releasing is not None:
+            self._merger_releasing.restore()
         self._released = False
 
     def shutdown(self) -> None:
