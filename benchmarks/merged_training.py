@@ -7,8 +7,10 @@ GPU) take turns at optimizer steps over the same micro-batches (`--micro-batches
 response log-probability). Reported per trainer: the median step time and the peak memory torch
 allocated during a step; and whether the merged trainer's weights equal, bit for bit, what the
 rollout engine merges from the same checkpoint and exported adapter (`lora_merge.LoraMerger`).
+`--profile` then runs one more step of each under torch.profiler (`step_profile`): how long the
+device computed of the step's wall time, how many kernels it launched, the longest kernels.
 
-    python benchmarks/merged_training.py                      # one GPU
+    python benchmarks/merged_training.py --profile            # one GPU
     python benchmarks/merged_training.py --device cpu --tiny  # seconds, this project's CPU
 """
 
@@ -20,12 +22,14 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.grpo_vs_trl import MODEL_SHAPES, Spec, build_inputs
+from benchmarks.step_profile import profile_call
 
 SERVINGS = ("adapter", "merged")
 
@@ -76,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per trainer")
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, default=16, help="rows per micro-batch")
+    parser.add_argument(
+        "--profile", action="store_true", help="profile one more step of each trainer"
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     options = parser.parse_args(argv)
     if options.steps < 1 or options.micro_batches < 1 or options.micro_batch < 1:
@@ -125,6 +132,11 @@ def main(argv: list[str] | None = None) -> None:
                     peaks[serving] = max(peaks[serving], torch.cuda.max_memory_allocated())
                 if step:
                     times[serving].append(time.perf_counter() - started)
+        profiles = {
+            serving: profile_call(lambda t=trainer: t.train_step(batches, loss_fn), cuda=cuda)
+            for serving, trainer in trainers.items()
+            if options.profile
+        }
         exact = merged_equals_engine(trainers["merged"], spec.model_dir, options.device)
     tokens = options.micro_batches * options.micro_batch * (spec.prompt_len + spec.response_len)
     print(
@@ -140,10 +152,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{serving:<8} {medians[serving]:>9.3f} {min(times[serving]):>8.3f} {peak:>19}")
     print(f"merged / adapter step time: {medians['merged'] / medians['adapter']:.2f}x")
     print(f"merged weights equal the engine's merge bit for bit: {'yes' if exact else 'NO'}")
+    if profiles:
+        print("one more step of each under torch.profiler (its overhead lengthens the host side):")
+    for serving, profile in profiles.items():
+        print("\n".join(profile.lines(serving)))
     if options.json:
-        options.json.write_text(
-            json.dumps({"times": times, "peaks": peaks, "exact": exact}, indent=1)
-        )
+        results = {"times": times, "peaks": peaks, "exact": exact}
+        results["profiles"] = {serving: asdict(profile) for serving, profile in profiles.items()}
+        options.json.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -3,20 +3,29 @@ trainer's weights are the engine's merge."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks import merged_training
 
 
-def test_both_trainers_step_and_the_merged_weights_are_the_engines(capsys):
+def test_both_trainers_step_and_the_merged_weights_are_the_engines(capsys, tmp_path):
     merged_training.main(
-        ["--device", "cpu", "--tiny", "--steps", "1", "--micro-batches", "2", "--micro-batch", "2"]
-    )
+        ["--device", "cpu", "--tiny", "--steps", "1", "--micro-batches", "2", "--micro-batch", "2",
+         "--profile", "--json", str(tmp_path / "out.json")]
+    )  # fmt: skip
     out = capsys.readouterr().out
     assert "tiny, cpu, 2 x 2 rows of 16 + 32 tokens (192 per step)" in out
     rows = [line.split()[0] for line in out.splitlines() if line.split()[-1:] == ["n/a"]]
     assert rows == ["adapter", "merged"]
     assert "merged weights equal the engine's merge bit for bit: yes" in out
+    profiled = [line.split(":")[0] for line in out.splitlines() if " s on the CPU, " in line]
+    assert profiled == ["adapter", "merged"]
+    profiles = json.loads((tmp_path / "out.json").read_text())["profiles"]
+    assert all(p["host_ops"] > 0 and p["device_busy_s"] is None for p in profiles.values())
+    # the merged layers' own operator is among the merged step's longest, not the adapter's
+    assert "aten::addmm" in [name for name, _, _ in profiles["merged"]["top"]]
 
 
 def test_counts_below_one_are_usage_errors(capsys):
