@@ -25,7 +25,11 @@ shares compare), and the median time of one update (merge or adapter, hand-over,
       --variant compile='--sglang-enable-torch-compile --sglang-torch-compile-max-bs 64'
 
 Each `--variant NAME=FLAGS` measures every serving once more with those flags added, in its own
-engine process, after one model build: side by side in one run.
+engine process, after one model build: side by side in one run. `--profile` adds one more
+seeded generate call per engine under SGLang's profiler (GPU activity only), and reports how
+long the GPU was busy of that call's wall time, how many kernels ran and the longest ones
+(`step_profile`): a low share means decoding waits on the host (SGLang's scheduler), not on
+the GPU.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import replace
+from dataclasses import asdict, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -58,6 +62,7 @@ from benchmarks.grpo_vs_trl import (
     prompts_of,
     sglang_flags,
 )
+from benchmarks.step_profile import StepProfile, profile_traces
 
 SERVINGS = ("adapter", "merged")
 RANK, ALPHA = 64, 32
@@ -87,7 +92,18 @@ def random_adapter(spec: Spec, seed: int) -> Any:
     return LoraAdapter(tensors=FlatTensors.pack(tensors, device="cpu"), config=config, version=1)
 
 
-def measure(spec: Spec, serving: str, repeats: int, conn: Connection) -> None:
+def profiled_generate(
+    engine: Any, prompts: list[list[int]], params: Any, directory: Path
+) -> StepProfile:
+    """One generate call of `engine` under its device profiler, summed up."""
+    with engine.device_profile(directory) as traces:
+        started = time.perf_counter()
+        engine.generate(prompts, params)
+        elapsed = time.perf_counter() - started
+    return profile_traces(traces, wall_s=elapsed)
+
+
+def measure(spec: Spec, serving: str, repeats: int, profile: bool, conn: Connection) -> None:
     """In a worker process: one engine serving `serving`, its update and generate times."""
     try:
         from transformers import AutoTokenizer
@@ -119,16 +135,21 @@ def measure(spec: Spec, serving: str, repeats: int, conn: Connection) -> None:
                 if index:  # the first round warms up
                     times[kind].append(elapsed)
                     tokens[kind] += sum(len(g.response_ids) for g in generations)
+        result = {"updates": updates[1:], "times": times, "tokens": tokens}
+        if profile:
+            params = SamplingParams(max_new_tokens=spec.response_len, seed=999)
+            directory = Path(tempfile.mkdtemp(prefix=f"profile-{serving}-", dir=spec.work))
+            result["profile"] = profiled_generate(engine, prompts, params, directory)
         engine.shutdown()
-        conn.send(("result", {"updates": updates[1:], "times": times, "tokens": tokens}))
+        conn.send(("result", result))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
 
 
-def run(spec: Spec, serving: str, repeats: int) -> dict[str, Any]:
+def run(spec: Spec, serving: str, repeats: int, profile: bool) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
-    process = context.Process(target=measure, args=(spec, serving, repeats, child))
+    process = context.Process(target=measure, args=(spec, serving, repeats, profile, child))
     process.start()
     child.close()
     try:
@@ -155,6 +176,9 @@ def main(argv: list[str] | None = None) -> None:
         "--variant compile='--sglang-enable-torch-compile'); default: one, 'base', with none",
     )
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
+    parser.add_argument(
+        "--profile", action="store_true", help="one more generate per engine under the profiler"
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     options = parser.parse_args(argv)
     servings = [s.strip() for s in options.serving.split(",") if s.strip()]
@@ -170,7 +194,10 @@ def main(argv: list[str] | None = None) -> None:
         build_inputs(spec, rows=spec.prompts)
         results = {
             (variant, serving): run(
-                replace(spec, ours_flags=[*spec.ours_flags, *flags]), serving, options.repeats
+                replace(spec, ours_flags=[*spec.ours_flags, *flags]),
+                serving,
+                options.repeats,
+                options.profile,
             )
             for variant, flags in variants.items()
             for serving in servings
@@ -195,8 +222,14 @@ def main(argv: list[str] | None = None) -> None:
                 f"{variant:<{width}} {serving:<8} {kind:<9} {statistics.median(times):>9.3f} "
                 f"{rate:>8.0f} {rate / bound:>9.1%} {update:>9.3f}"
             )
+    for (variant, serving), r in results.items():
+        if "profile" in r:
+            print("\n".join(r["profile"].lines(f"profile {variant} {serving} (seeded)")))
     if options.json:
-        named = {f"{variant}/{serving}": r for (variant, serving), r in results.items()}
+        named = {
+            f"{variant}/{serving}": {k: asdict(v) if k == "profile" else v for k, v in r.items()}
+            for (variant, serving), r in results.items()
+        }
         options.json.write_text(json.dumps({"bound": bound, "results": named}, indent=1))
 
 

@@ -1,41 +1,70 @@
-"""One call under torch.profiler: how long the device computed of its wall time, how many
-kernels the host launched for it, and which took the longest.
+"""Where a step's time goes: how long the device computed of its wall time, how many kernels
+were launched for it, and which took the longest. From torch.profiler run around a call in this
+process (`profile_call`), or from the chrome traces another process wrote, e.g. SGLang's
+scheduler through ``Engine.start_profile`` (`profile_traces`).
 
 A step whose device is busy for a small share of its wall time is bound by the host (Python,
-operator dispatch, kernel launches), not by the device: making kernels faster would not shorten
-it. The profiler's own overhead lengthens the host side, so the share is a lower bound.
+operator dispatch, scheduling, kernel launches), not by the device: faster kernels would not
+shorten it. The profiler's own overhead lengthens the host side, so the share is a lower bound.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+# chrome-trace categories of work on the device (torch.profiler's Kineto export)
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 
 @dataclass(frozen=True)
 class StepProfile:
     wall_s: float
-    host_ops: int  # top-level aten operators the host dispatched
-    kernels: int  # kernels (and copies) launched on the device; 0 on the CPU
-    device_busy_s: float | None  # their durations summed; None on the CPU
+    host_ops: int | None  # top-level aten operators dispatched; None where not recorded
+    kernels: int  # kernels and copies run on the device; 0 on the CPU
+    device_busy_s: float | None  # time the device was running any of them; None on the CPU
     top: list[tuple[str, float, int]]  # (name, seconds, calls): device kernels, else host ops
 
     def lines(self, name: str) -> list[str]:
+        ops = "" if self.host_ops is None else f", {self.host_ops} aten ops"
         if self.device_busy_s is None:
-            head = f"{name}: {self.wall_s:.3f} s on the CPU, {self.host_ops} aten ops"
+            head = f"{name}: {self.wall_s:.3f} s on the CPU{ops}"
         else:
             busy = self.device_busy_s / self.wall_s if self.wall_s else 0.0
             head = (
                 f"{name}: {self.wall_s:.3f} s, device busy {self.device_busy_s:.3f} s "
-                f"({busy:.0%}), {self.kernels} kernels, {self.host_ops} aten ops"
+                f"({busy:.0%}), {self.kernels} kernels{ops}"
             )
         return [head] + [f"  {s:8.4f} s {calls:6d}x  {label[:90]}" for label, s, calls in self.top]
 
 
+def busy_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals, in their unit: kernels on several
+    streams overlap and count once."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def ranked(named: Iterable[tuple[str, float]], top: int) -> list[tuple[str, float, int]]:
+    seconds: Counter[str] = Counter()
+    calls: Counter[str] = Counter()
+    for name, duration in named:
+        seconds[name] += duration
+        calls[name] += 1
+    return [(name, s, calls[name]) for name, s in seconds.most_common(top)]
+
+
 def profile_call(call: Callable[[], object], *, cuda: bool, top: int = 8) -> StepProfile:
-    """Runs `call` once under the profiler (CPU, and CUDA where `cuda`)."""
+    """Runs `call` once under torch.profiler (CPU, and CUDA where `cuda`)."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -57,19 +86,37 @@ def profile_call(call: Callable[[], object], *, cuda: bool, top: int = 8) -> Ste
         and event.name.startswith("aten::")
         and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::"))
     ]
+    if not cuda:
+        host = ranked(((e.name, e.cpu_time_total / 1e6) for e in top_level), top)
+        return StepProfile(wall, len(top_level), 0, None, host)
     kernels = [event for event in events if event.device_type == DeviceType.CUDA]
-    seconds: Counter[str] = Counter()
-    calls: Counter[str] = Counter()
-    for event in kernels if cuda else top_level:
-        seconds[event.name] += (
-            event.time_range.elapsed_us() if cuda else event.cpu_time_total
-        ) / 1e6
-        calls[event.name] += 1
-    busy = sum(kernel.time_range.elapsed_us() for kernel in kernels) / 1e6 if cuda else None
+    spans = [(k.time_range.start / 1e6, k.time_range.end / 1e6) for k in kernels]
     return StepProfile(
         wall_s=wall,
         host_ops=len(top_level),
         kernels=len(kernels),
-        device_busy_s=busy,
-        top=[(name, s, calls[name]) for name, s in seconds.most_common(top)],
+        device_busy_s=busy_seconds(spans),
+        top=ranked(((k.name, k.time_range.elapsed_us() / 1e6) for k in kernels), top),
+    )
+
+
+def profile_traces(paths: Sequence[Path], *, wall_s: float, top: int = 8) -> StepProfile:
+    """The device work in chrome traces (``.json`` or ``.json.gz``, one per rank: busy time is
+    their union) recorded during `wall_s` seconds."""
+    events = []
+    for path in paths:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as trace:
+            events += [
+                event
+                for event in json.load(trace).get("traceEvents", [])
+                if event.get("ph") == "X" and event.get("cat") in DEVICE_CATEGORIES
+            ]
+    spans = [(e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in events]
+    return StepProfile(
+        wall_s=wall_s,
+        host_ops=None,
+        kernels=len(events),
+        device_busy_s=busy_seconds(spans),
+        top=ranked(((e["name"], e["dur"] / 1e6) for e in events), top),
     )

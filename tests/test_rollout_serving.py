@@ -1,15 +1,22 @@
-"""benchmarks/rollout_serving.py without a GPU: its adapter and its usage errors."""
+"""benchmarks/rollout_serving.py without a GPU: its adapter, its profiled generate call and its
+usage errors."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import torch
 
 from benchmarks.grpo_vs_trl import Spec
-from benchmarks.rollout_serving import random_adapter
+from benchmarks.rollout_serving import profiled_generate, random_adapter
+from trainer.backends.base import SamplingParams
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.lora_merge import lora_layers, lora_scaling
 
@@ -61,3 +68,34 @@ def test_variants_keep_their_order_and_split_their_flags():
         "base": [],
         "compile": ["--sglang-enable-torch-compile", "--sglang-torch-compile-max-bs", "64"],
     }
+
+
+class TracingEngine:
+    """A rollout engine whose device profiler writes one rank's trace when the block ends."""
+
+    def __init__(self) -> None:
+        self.generated: list[list[list[int]]] = []
+
+    @contextmanager
+    def device_profile(self, directory: Path) -> Iterator[list[Path]]:
+        traces: list[Path] = []
+        yield traces
+        trace = directory / "TP-0.trace.json.gz"
+        kernels = [{"ph": "X", "cat": "kernel", "name": "decode", "ts": 10 * i, "dur": 4}
+                   for i in range(5)]  # fmt: skip
+        with gzip.open(trace, "wt") as out:
+            json.dump({"traceEvents": kernels}, out)
+        traces.append(trace)
+
+    def generate(self, prompts: list[list[int]], params: object) -> list[object]:
+        self.generated.append(prompts)
+        return []
+
+
+def test_the_profiled_generate_sums_the_engine_s_trace(tmp_path):
+    engine = TracingEngine()
+    profile = profiled_generate(engine, [[1, 2]], SamplingParams(max_new_tokens=4), tmp_path)
+    assert engine.generated == [[[1, 2]]]
+    assert profile.kernels == 5 and profile.device_busy_s == pytest.approx(20e-6)
+    assert profile.top == [("decode", pytest.approx(20e-6), 5)]
+    assert profile.wall_s > 0 and profile.host_ops is None

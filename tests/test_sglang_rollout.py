@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -266,3 +267,28 @@ def test_merged_weights_always_travel_as_flattened_buckets() -> None:
         SGLangRolloutEngine(WeightsEngine(), {}, merger=StubMerger())
     packer = bucket_packer(RecordingEngine(), {"tp_size": 2}, merged=True)
     assert isinstance(packer, functools.partial) and packer.keywords == {"ranks": 2}
+
+
+class ProfilingEngine(RecordingEngine):
+    """SGLang's profiler: the scheduler writes its trace when profiling stops."""
+
+    def start_profile(self, **request: Any) -> None:
+        self.calls.append(("start_profile", request))
+        self.output_dir = Path(request["output_dir"])
+
+    def stop_profile(self) -> None:
+        self.calls.append(("stop_profile",))
+        (self.output_dir / "1764900000-TP-0.trace.json.gz").write_bytes(b"")
+
+
+def test_a_device_profile_is_sglangs_gpu_trace_of_the_block(tmp_path) -> None:
+    sglang = ProfilingEngine()
+    engine = SGLangRolloutEngine(sglang, {})
+    (tmp_path / "old-TP-0.trace.json.gz").write_bytes(b"")  # an earlier block's
+    with engine.device_profile(tmp_path) as traces:
+        engine.generate([[1, 2]], SamplingParams(max_new_tokens=1))
+        assert traces == []
+    assert traces == [tmp_path / "1764900000-TP-0.trace.json.gz"]
+    request = {"output_dir": str(tmp_path), "activities": ["GPU"], "with_stack": False,
+               "record_shapes": False}  # fmt: skip
+    assert sglang.calls == [("start_profile", request), ("generate", None), ("stop_profile",)]

@@ -47,7 +47,8 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -214,6 +215,24 @@ class SGLangRolloutEngine:
         if self._merger_releasing is not None:
             self._merger_releasing.restore()
         self._released = False
+
+    @contextmanager
+    def device_profile(self, output_dir: Path) -> Iterator[list[Path]]:
+        """SGLang's own torch.profiler trace of what its schedulers run on the GPU inside the
+        block (kernels and copies only: no host events, no stacks, so little overhead), one
+        ``*.trace.json.gz`` per rank in `output_dir`; the list it yields holds their paths
+        once the block has ended."""
+        output_dir.mkdir(parents=True, exist_ok=True)
+        before = set(output_dir.glob("*.trace.json.gz"))
+        traces: list[Path] = []
+        self._engine.start_profile(
+            output_dir=str(output_dir), activities=["GPU"], with_stack=False, record_shapes=False
+        )
+        try:
+            yield traces
+        finally:
+            self._engine.stop_profile()  # returns once every rank has written its trace
+            traces += sorted(set(output_dir.glob("*.trace.json.gz")) - before)
 
     def shutdown(self) -> None:
         self._engine.shutdown()
