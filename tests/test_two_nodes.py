@@ -38,12 +38,8 @@ def launcher(entrypoint: str, *argv: str, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def train_workers(tag: RunTag) -> set[int]:
-    return {
-        s.process.pid
-        for s in ownership.of_run(tag, ownership.processes())
-        if "TrainWorker" in s.cmdline
-    }
+def train_workers(tag: RunTag, processes: list[ownership.Seen]) -> set[int]:
+    return {s.process.pid for s in ownership.of_run(tag, processes) if "TrainWorker" in s.cmdline}
 
 
 def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
@@ -69,8 +65,9 @@ def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
     try:
         deadline = time.time() + 240
         while head.poll() is None and time.time() < deadline:
-            on_head |= train_workers(head_tag)
-            on_worker |= train_workers(worker_tag)
+            processes = ownership.processes()  # one scan of the host for both nodes
+            on_head |= train_workers(head_tag, processes)
+            on_worker |= train_workers(worker_tag, processes)
             time.sleep(0.5)
         status = head.wait(timeout=5)
         worker.send_signal(signal.SIGTERM)  # as scancel ends the job step on the other node
@@ -98,7 +95,7 @@ def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
 
 def test_a_cluster_that_never_reaches_its_size_ends_in_one_line(tmp_path):
     argv = [
-        "--num-nodes", "2", "--cluster-timeout", "5", "--run-id", "alone",
+        "--num-nodes", "2", "--cluster-timeout", "2", "--run-id", "alone",
         "--output-dir", str(tmp_path / "outputs"), "--ray-port", str(free_port()),
         "--dashboard-port", str(free_port()), "--agent-port", str(free_port()),
         "--client-server-port", str(free_port()), "--ray-num-cpus", "1",
@@ -115,7 +112,7 @@ def test_a_cluster_that_never_reaches_its_size_ends_in_one_line(tmp_path):
     text = (tmp_path / "head.log").read_text()
     assert status == 1, text[-3000:]
     errors = [line for line in text.splitlines() if line.startswith("==> error:")]
-    assert len(errors) == 1 and "has 1 of 2 nodes" in errors[0] and "after 5 s" in errors[0]
+    assert len(errors) == 1 and "has 1 of 2 nodes" in errors[0] and "after 2 s" in errors[0]
     assert "Traceback" not in text
     assert time.monotonic() - started < 90
     assert left == [], "the head's Ray was left running"
