@@ -233,12 +233,21 @@ def prompts_of(spec: Spec) -> list[str]:
 
 
 class PeakMemory:
-    """Peak memory of this process tree while running, sampled every 20 ms. On CUDA: NVML's
-    per-process usage (SGLang's scheduler processes included); where NVML reports process ids
-    of another namespace (containers), the device's used memory above `baseline` instead, which
-    then also holds the other system's idle tensors. On the CPU: the resident set. `peak_own`:
-    this process's share at the moment of the peak (the rest is its children's: SGLang's
-    scheduler, vLLM's workers), where usage is per process."""
+    """Peak memory of this process tree while its system takes a step (`watch` to `pause`),
+    sampled every 20 ms. On CUDA: NVML's per-process usage (SGLang's scheduler processes
+    included); where NVML reports process ids of another namespace (containers), the device's
+    used memory above `baseline` instead, which then also holds the other system's idle tensors.
+    On the CPU: the resident set. `peak_own`: this process's share at the moment of the peak
+    (the rest is its children's: SGLang's scheduler, vLLM's workers), where usage is per
+    process.
+
+    Between steps the sampler rests: side by side, the systems step in turn, and an idle
+    system's sampler would only load the host (NVML's process list and a walk of ``/proc``, 50
+    times a second) under the one being timed. The process tree is listed again at each `watch`
+    and at most once a second while watching."""
+
+    INTERVAL_S = 0.02
+    PIDS_MAX_AGE_S = 1.0
 
     def __init__(self, device: str, baseline: int) -> None:
         import psutil
@@ -250,6 +259,10 @@ class PeakMemory:
         self.peak_own = 0
         self.per_process = not self.cuda
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the sampler's and `pause`'s samples, `_watching`
+        self._watching = False
+        self._pids: set[int] = set()
+        self._pids_at = float("-inf")
         self._handle: Any = None
         if self.cuda:
             import pynvml
@@ -259,12 +272,16 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _pids(self) -> set[int]:
-        return {self.process.pid, *(c.pid for c in self.process.children(recursive=True))}
+    def tree(self) -> set[int]:
+        if time.monotonic() - self._pids_at > self.PIDS_MAX_AGE_S:
+            children = self.process.children(recursive=True)
+            self._pids = {self.process.pid, *(c.pid for c in children)}
+            self._pids_at = time.monotonic()
+        return self._pids
 
     def sample(self) -> tuple[int, int]:
         """Bytes in use by the process tree, and by this process alone (0 where unknown)."""
-        pids = self._pids()
+        pids = self.tree()
         if not self.cuda:
             import psutil
 
@@ -287,6 +304,26 @@ class PeakMemory:
             return sum(used.values()), used.get(self.process.pid, 0)
         return pynvml.nvmlDeviceGetMemoryInfo(self._handle).used - self.baseline, 0
 
+    def _record(self) -> None:
+        try:
+            total, own = self.sample()
+        except Exception:  # a process that ended between listing and reading it
+            return
+        if total > self.peak:
+            self.peak, self.peak_own = total, own
+
+    def watch(self) -> None:
+        """A step begins: sample until `pause`."""
+        with self._lock:
+            self._pids_at = float("-inf")
+            self._watching = True
+
+    def pause(self) -> None:
+        """The step has ended: one last sample, then none until the next `watch`."""
+        with self._lock:
+            self._watching = False
+            self._record()
+
     def idle(self) -> None:
         """Between steps (untimed): hand cached blocks back to the device, so that the systems
         stepping in turn find the memory another one's caching allocator would hold (three side
@@ -298,16 +335,14 @@ class PeakMemory:
             torch.cuda.empty_cache()
 
     def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            try:
-                total, own = self.sample()
-            except Exception:  # a process that ended between listing and reading it
-                continue
-            if total > self.peak:
-                self.peak, self.peak_own = total, own
+        while not self._stop.wait(self.INTERVAL_S):
+            with self._lock:
+                if self._watching:
+                    self._record()
 
     def reset(self) -> None:
-        self.peak = self.peak_own = 0
+        with self._lock:
+            self.peak = self.peak_own = 0
 
     def stop(self) -> int:
         self._stop.set()
@@ -552,6 +587,7 @@ def run_trl(spec: Spec, kind: str, steps: int, conn: Any, memory: PeakMemory) ->
                     torch.cuda.reset_peak_memory_stats()
                 command = conn.recv()
             assert command == "step", command
+            memory.watch()
             synchronize(spec.device)
             timing.update(started=time.perf_counter(), rollout=0.0, sync=0.0, responses=0)
 
@@ -566,6 +602,7 @@ def run_trl(spec: Spec, kind: str, steps: int, conn: Any, memory: PeakMemory) ->
                 total_tokens=responses + rows * spec.prompt_len,
                 phases={"sync_weights": timing["sync"]} if kind == "trl-vllm" else {},
             )
+            memory.pause()
             memory.idle()
             conn.send(asdict(step))
 
@@ -658,7 +695,9 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, path: list[str], co
                         if spec.device.startswith("cuda"):
                             torch.cuda.reset_peak_memory_stats()
                         command = conn.recv()
+                    memory.watch()
                     step = system.step()
+                    memory.pause()
                     memory.idle()
                     conn.send(asdict(step))
             finally:  # SGLang's engine processes end with it, on a failure too

@@ -320,6 +320,7 @@ def test_vllm_sleeps_where_the_systems_share_the_device(bench, argv, sleep):
 
 def test_peak_memory_splits_the_process_tree_at_its_peak(bench):
     memory = bench.PeakMemory("cpu", 0)
+    memory.watch()
     child = subprocess.Popen([sys.executable, "-c", "x = bytearray(200 * 2**20); input()"],
                              stdin=subprocess.PIPE)  # fmt: skip
     try:
@@ -331,6 +332,27 @@ def test_peak_memory_splits_the_process_tree_at_its_peak(bench):
     peak = memory.stop()
     assert 0 < memory.peak_own < peak
     assert peak - memory.peak_own >= 200 * 2**20  # the child's bytearray
+
+
+def test_peak_memory_samples_only_while_a_step_is_watched(bench):
+    memory = bench.PeakMemory("cpu", 0)
+    try:
+        time.sleep(0.2)
+        assert memory.peak == 0  # no step yet: nothing sampled
+        memory.watch()
+        memory.pause()  # a step shorter than the interval still gets its sample
+        assert memory.peak > 0
+        between_steps = memory.peak
+        grown = bytearray(300 * 2**20)  # between steps: not what a step used
+        time.sleep(0.2)
+        assert memory.peak == between_steps
+        memory.watch()
+        deadline = time.monotonic() + 30
+        while memory.peak < between_steps + 250 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert memory.peak >= between_steps + 250 * 2**20, len(grown)
+    finally:
+        memory.stop()
 
 
 def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsys):
