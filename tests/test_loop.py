@@ -21,7 +21,14 @@ from trainer.backends.peft_trainer import create as create_trainer
 from trainer.batching import pack, schedule
 from trainer.data import eval_sets, rollout_source
 from trainer.loop import GRPOLoop, rollout_metrics
-from trainer.metrics import METRICS_FILE, MetricsLogger, console_line, read_metrics, summarize
+from trainer.metrics import (
+    METRICS_FILE,
+    MetricsLogger,
+    console_line,
+    read_metrics,
+    summarize,
+    summary_text,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -389,6 +396,9 @@ def test_console_line_and_summary():
     assert summary["steps"] == 12
     assert summary["reward_first5"] == pytest.approx(0.08)
     assert summary["reward_last5"] == pytest.approx(0.12)
+    assert "policy" not in summary_text(summary)
+    merged = summarize(records, elapsed_s=3.0, adapter=Path("a"), merged_in="bf16")
+    assert "  policy              the adapter merged into the base in bf16" in summary_text(merged)
 
 
 def test_wandb_logs_offline_into_the_output_dir(tmp_path, monkeypatch):

@@ -193,7 +193,10 @@ def run(config: TrainConfig) -> int:
     finally:
         ray.shutdown()
     summary = summarize(
-        read_metrics(output_dir / METRICS_FILE), elapsed_s=time.time() - started, adapter=adapter
+        read_metrics(output_dir / METRICS_FILE),
+        elapsed_s=time.time() - started,
+        adapter=adapter,
+        merged_in=config.placement.resolve_dtype(layout.device) if config.lora.merged else None,
     )
     write_summary(output_dir, summary)
     print(summary_text(summary), flush=True)

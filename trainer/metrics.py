@@ -161,9 +161,15 @@ def _init_wandb(output_dir: Path, config: TrainConfig) -> Any:
 
 
 def summarize(
-    records: Sequence[Mapping[str, Any]], *, elapsed_s: float, adapter: Path | None
+    records: Sequence[Mapping[str, Any]],
+    *,
+    elapsed_s: float,
+    adapter: Path | None,
+    merged_in: str | None = None,
 ) -> dict[str, Any]:
-    """First/last-5 reward means and the rest of the end-of-run summary."""
+    """First/last-5 reward means and the rest of the end-of-run summary; `merged_in`: the
+    dtype of the merged weights the run trained and served (``--lora-serving merged``), the
+    only form in which the saved adapter is exactly the trained policy."""
     rewards = [r[REWARD] for r in records if r.get(REWARD) is not None]
     evals = {k: v for r in records for k, v in r.items() if k.startswith("eval/")}
     step_times = [r["time/step"] for r in records if r.get("time/step") is not None]
@@ -175,6 +181,7 @@ def summarize(
         "elapsed_s": elapsed_s,
         "last_eval": evals,
         "adapter": str(adapter) if adapter else None,
+        "adapter_merged_in": merged_in,
     }
 
 
@@ -192,7 +199,11 @@ def summary_text(summary: Mapping[str, Any]) -> str:
         f"  wall time (this run) {num(summary['elapsed_s'], '{:.1f} s')}",
     ]
     lines += [f"  {key:<19} {value:.3f}" for key, value in sorted(summary["last_eval"].items())]
-    lines += [f"  adapter             {summary['adapter'] or 'not saved'}", "=" * 60]
+    lines.append(f"  adapter             {summary['adapter'] or 'not saved'}")
+    if summary.get("adapter_merged_in"):
+        dtype = summary["adapter_merged_in"]
+        lines.append(f"  policy              the adapter merged into the base in {dtype}")
+    lines.append("=" * 60)
     return "\n".join(lines)
 
 
