@@ -272,7 +272,7 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def tree(self) -> set[int]:
+    def _tree(self) -> set[int]:
         if time.monotonic() - self._pids_at > self.PIDS_MAX_AGE_S:
             children = self.process.children(recursive=True)
             self._pids = {self.process.pid, *(c.pid for c in children)}
@@ -281,7 +281,7 @@ class PeakMemory:
 
     def sample(self) -> tuple[int, int]:
         """Bytes in use by the process tree, and by this process alone (0 where unknown)."""
-        pids = self.tree()
+        pids = self._tree()
         if not self.cuda:
             import psutil
 

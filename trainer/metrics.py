@@ -200,8 +200,7 @@ def summary_text(summary: Mapping[str, Any]) -> str:
     ]
     lines += [f"  {key:<19} {value:.3f}" for key, value in sorted(summary["last_eval"].items())]
     lines.append(f"  adapter             {summary['adapter'] or 'not saved'}")
-    if summary.get("adapter_merged_in"):
-        dtype = summary["adapter_merged_in"]
+    if dtype := summary["adapter_merged_in"]:
         lines.append(f"  policy              the adapter merged into the base in {dtype}")
     lines.append("=" * 60)
     return "\n".join(lines)
