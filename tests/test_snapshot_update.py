@@ -7,11 +7,11 @@ without. No test may hold a second copy of what a snapshot holds.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.nested_pytest import run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = (
@@ -28,15 +28,8 @@ TESTS = ("tests/test_snapshots.py", "tests/test_record_isolation.py", "tests/tes
 
 
 def pytest_in(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS, *args],
-        cwd=tree,
-        env={**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    env = {"PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    return run_pytest(*TESTS, *args, cwd=tree, env=env, timeout=300)
 
 
 def test_snapshot_update_is_green_in_one_run(tmp_path):

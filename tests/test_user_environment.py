@@ -5,13 +5,10 @@ and the user's secrets set. Slow (a suite inside the suite): ``pytest -m slow``.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from harness.host import CHECKOUT
+from tests.nested_pytest import run_pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -41,13 +38,6 @@ ENVIRONMENT_READERS = [
 
 
 def test_the_tests_that_read_the_environment_pass_in_a_users_shell(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
-        + [f"{CHECKOUT}/{test}" for test in ENVIRONMENT_READERS],
-        cwd=tmp_path,  # another directory
-        env={**os.environ, **A_USERS_SHELL},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    tests = [f"{CHECKOUT}/{test}" for test in ENVIRONMENT_READERS]
+    done = run_pytest("-m", "not slow", *tests, cwd=tmp_path, env=A_USERS_SHELL)  # another dir
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-2000:]
