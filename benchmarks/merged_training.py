@@ -132,11 +132,14 @@ def main(argv: list[str] | None = None) -> None:
                     peaks[serving] = max(peaks[serving], torch.cuda.max_memory_allocated())
                 if step:
                     times[serving].append(time.perf_counter() - started)
-        profiles = {
-            serving: profile_call(lambda t=trainer: t.train_step(batches, loss_fn), cuda=cuda)
-            for serving, trainer in trainers.items()
+        profiles = (
+            {
+                serving: profile_call(lambda t=trainer: t.train_step(batches, loss_fn), cuda=cuda)
+                for serving, trainer in trainers.items()
+            }
             if options.profile
-        }
+            else {}
+        )
         exact = merged_equals_engine(trainers["merged"], spec.model_dir, options.device)
     tokens = options.micro_batches * options.micro_batch * (spec.prompt_len + spec.response_len)
     print(

@@ -97,13 +97,10 @@ def merged_weight(
 @contextmanager
 def full_float32_matmuls() -> Iterator[None]:
     """Float32 matrix products at full precision inside the block; the process's setting is
-    left as it was (and untouched where it already is full precision)."""
+    restored after it."""
     import torch
 
     previous = torch.get_float32_matmul_precision()
-    if previous == "highest":
-        yield
-        return
     torch.set_float32_matmul_precision("highest")
     try:
         yield
