@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 from harness.host import CHECKOUT
-from tests.private_ray import free_port
+from tests.private_ray import LauncherPorts
 
 # Drawn per run: the checkout (the tests too) is uploaded into Ray's dir as the job's working_dir.
 SECRETS = {"HF_TOKEN": f"hf_{uuid.uuid4().hex}", "MY_SERVICE_TOKEN": uuid.uuid4().hex}
@@ -20,6 +20,7 @@ def launch(
     tmp_path: Path,
     run_id: str,
     log: Path,
+    ports: LauncherPorts,
     *extra: str,
     own_session: bool = False,
 ) -> subprocess.Popen[bytes]:
@@ -28,8 +29,7 @@ def launch(
     argv = [
         "train", "--run-id", run_id, "--model-dir", str(tmp_path / "models"),
         "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
-        "--ray-port", str(free_port()), "--agent-port", str(free_port()),
-        "--client-server-port", str(free_port()),
+        *ports.argv(),
         "--extra-env", f"MY_SERVICE_TOKEN={SECRETS['MY_SERVICE_TOKEN']}", *extra,
     ]  # fmt: skip
     with log.open("w") as out:

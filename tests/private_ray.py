@@ -8,6 +8,7 @@ launcher's live run must leave alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -17,16 +18,48 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
 TAG = "GRPO_TEST_RAY_TAG"
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports of this host.
+
+    The sockets stay bound until all are picked: the kernel may hand out a port again once
+    its socket is closed, and two services of one run given the same port fail to start.
+    """
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    (port,) = free_ports(1)
+    return port
+
+
+class LauncherPorts(NamedTuple):
+    """The ports a launcher's own Ray listens on, drawn together so that no two are the same."""
+
+    ray: int
+    dashboard: int
+    agent: int
+    client_server: int
+
+    @classmethod
+    def draw(cls) -> LauncherPorts:
+        return cls(*free_ports(4))
+
+    def argv(self) -> list[str]:
+        return [
+            *("--ray-port", str(self.ray), "--dashboard-port", str(self.dashboard)),
+            *("--agent-port", str(self.agent), "--client-server-port", str(self.client_server)),
+        ]
 
 
 class PrivateRay:
@@ -34,7 +67,7 @@ class PrivateRay:
         self.tag = uuid.uuid4().hex
         # short: Ray's socket paths under it must stay below the 107-byte limit
         self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-        self.ray_port, self.dashboard_port = free_port(), free_port()
+        self.ray_port, self.dashboard_port, self.client_server_port, self.agent_port = free_ports(4)
 
     @property
     def env(self) -> dict[str, str]:
@@ -94,7 +127,7 @@ class PrivateRay:
             *(ray, "start", "--head", "--node-ip-address", "127.0.0.1"),
             *("--port", str(self.ray_port), "--dashboard-port", str(self.dashboard_port)),
             *("--num-cpus", "1", "--num-gpus", "0", "--temp-dir", self.temp_dir),
-            *("--ray-client-server-port", str(free_port())),
-            *("--dashboard-agent-listen-port", str(free_port()), "--disable-usage-stats"),
+            *("--ray-client-server-port", str(self.client_server_port)),
+            *("--dashboard-agent-listen-port", str(self.agent_port), "--disable-usage-stats"),
         ]
         subprocess.run(argv, env={**os.environ, **self.env}, check=True, capture_output=True)

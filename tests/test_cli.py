@@ -20,7 +20,7 @@ from harness.record import record
 from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop
 from launchers.amd.run_qwen3_4b_lora import LAUNCHER as AMD
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
-from tests.private_ray import free_port
+from tests.private_ray import LauncherPorts
 
 PROG = "python -m launchers.amd.run_qwen3_4b_lora"
 
@@ -347,7 +347,7 @@ def test_an_output_dir_that_cannot_be_written_stops_a_live_run_before_it_starts(
     anything (the job would fail on it only once Ray runs)."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    ports = [f"--{name}-port={free_port()}" for name in ("ray", "dashboard", "agent")]
+    ports = LauncherPorts.draw().argv()
     argv = ["train", "--run-id", "unwritable", "--output-dir", str(blocker / "out"), *ports]
     status = run(CPU, argv)
     out, err = capsys.readouterr()

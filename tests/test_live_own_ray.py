@@ -22,7 +22,7 @@ from harness import ownership
 from harness.host import CHECKOUT
 from harness.run_tag import RunTag
 from tests.live_launcher import SECRETS, launch
-from tests.private_ray import free_port
+from tests.private_ray import LauncherPorts
 from trainer import tiny
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -52,12 +52,10 @@ def as_nobody(command: str) -> subprocess.CompletedProcess[str]:
 
 def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
     tiny.build(tmp_path / "models" / "tiny-qwen3", tmp_path / "data" / "tiny-task", seed=0)
-    dashboard_port = free_port()
+    ports = LauncherPorts.draw()
     tag = RunTag(f"{CHECKOUT}/launchers/cpu/run_tiny_qwen3_lora.py", "cpu", "sigterm")
     log = tmp_path / "launcher.log"
-    launcher = launch(
-        tmp_path, "sigterm", log, "--dashboard-port", str(dashboard_port), "--num-rollout", "1000"
-    )
+    launcher = launch(tmp_path, "sigterm", log, ports, "--num-rollout", "1000")
     bystanders: list[subprocess.Popen[bytes]] = []
     try:
         deadline = time.time() + 180
@@ -65,7 +63,7 @@ def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
             assert launcher.poll() is None, log.read_text()[-3000:]
             assert time.time() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
-        assert submit_without_token(dashboard_port) == 401
+        assert submit_without_token(ports.dashboard) == 401
         token = Path(tag.token_path).read_text()
         run_processes = ownership.of_run(tag, ownership.processes())
         assert run_processes, "the job runs on the run's own Ray"
@@ -102,7 +100,7 @@ def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
         assert stat.S_IMODE((run_dir / "job_env").stat().st_mode) == 0o600
 
         # A second run of the launcher on the same devices refuses, naming this one.
-        second = launch(tmp_path, "second", tmp_path / "second.log")
+        second = launch(tmp_path, "second", tmp_path / "second.log", LauncherPorts.draw())
         assert second.wait(timeout=120) == 1
         refusal = (tmp_path / "second.log").read_text()
         errors = [line for line in refusal.splitlines() if "error" in line]

@@ -17,7 +17,7 @@ from harness import ownership
 from harness.host import CHECKOUT
 from harness.run_tag import RunTag
 from tests.live_launcher import SECRETS, launch
-from tests.private_ray import free_port
+from tests.private_ray import LauncherPorts
 from trainer import tiny
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -47,11 +47,11 @@ def digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
 
-def start_launcher(tmp_path: Path, run_id: str, dashboard_port: int) -> subprocess.Popen[bytes]:
+def start_launcher(tmp_path: Path, run_id: str, ports: LauncherPorts) -> subprocess.Popen[bytes]:
     """`train` of `run_id` in a session of its own, as a shell starts a foreground job."""
     tiny.build(tmp_path / "models" / "tiny-qwen3", tmp_path / "data" / "tiny-task", seed=0)
-    extra = ("--dashboard-port", str(dashboard_port), "--num-rollout", "1000")
-    return launch(tmp_path, run_id, tmp_path / "launcher.log", *extra, own_session=True)
+    log = tmp_path / "launcher.log"
+    return launch(tmp_path, run_id, log, ports, "--num-rollout", "1000", own_session=True)
 
 
 def wait_for_training(launcher: subprocess.Popen[bytes], log: Path) -> None:
@@ -88,13 +88,13 @@ def test_ctrl_c_in_a_terminal_stops_the_job_and_the_ray_within_seconds(tmp_path)
     in it: the launcher alone is interrupted, stops the job (every request with a timeout)
     and its Ray, and exits 130. Before that, the job's driver and workers see the secrets
     that no Ray log holds."""
-    dashboard_port = free_port()
+    ports = LauncherPorts.draw()
     tag = RunTag(FILE, "cpu", "ctrl-c")
     log = tmp_path / "launcher.log"
-    launcher = start_launcher(tmp_path, "ctrl-c", dashboard_port)
+    launcher = start_launcher(tmp_path, "ctrl-c", ports)
     try:
         wait_for_training(launcher, log)
-        seen = probe_the_jobs_environment(tag, dashboard_port, log)
+        seen = probe_the_jobs_environment(tag, ports.dashboard, log)
         expected = (
             f"driver {digest(SECRETS['HF_TOKEN'])} task {digest(SECRETS['MY_SERVICE_TOKEN'])} "
             f"actor {digest(SECRETS['HF_TOKEN'])}"
@@ -126,7 +126,7 @@ def test_ctrl_c_in_a_terminal_stops_the_job_and_the_ray_within_seconds(tmp_path)
 def test_a_run_whose_ray_is_killed_from_outside_says_why(tmp_path):
     tag = RunTag(FILE, "cpu", "killed")
     log = tmp_path / "launcher.log"
-    launcher = start_launcher(tmp_path, "killed", free_port())
+    launcher = start_launcher(tmp_path, "killed", LauncherPorts.draw())
     try:
         wait_for_training(launcher, log)
         heads = [

@@ -17,7 +17,7 @@ import pytest
 from harness import ownership
 from harness.host import CHECKOUT
 from harness.run_tag import RunTag
-from tests.private_ray import free_port
+from tests.private_ray import LauncherPorts
 from trainer.metrics import METRICS_FILE, read_metrics
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(400)]
@@ -50,8 +50,7 @@ def test_cpu_launcher_full_train_runs_live_and_the_reward_rises(
     argv = [
         "full-train", "--run-id", "e2e", "--model-dir", str(tmp_path / "models"),
         "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
-        "--ray-port", str(free_port()), "--dashboard-port", str(free_port()),
-        "--agent-port", str(free_port()), "--client-server-port", str(free_port()),
+        *LauncherPorts.draw().argv(),
     ]  # fmt: skip
     started = time.perf_counter()
     status = run(LAUNCHER, argv)

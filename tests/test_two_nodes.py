@@ -17,7 +17,7 @@ import pytest
 from harness import ownership
 from harness.host import CHECKOUT
 from harness.run_tag import RunTag
-from tests.private_ray import free_port
+from tests.private_ray import LauncherPorts, free_ports
 from trainer import tiny
 from trainer.metrics import METRICS_FILE, read_metrics
 
@@ -44,21 +44,22 @@ def train_workers(tag: RunTag, processes: list[ownership.Seen]) -> set[int]:
 
 def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
     tiny.build(tmp_path / "models" / "tiny-qwen3", tmp_path / "data" / "tiny-task", seed=0)
+    ray_port, worker_agent_port, dashboard_port, agent_port, client_server_port = free_ports(5)
     common = [
         "--run-id", "two", "--model-dir", str(tmp_path / "models"),
         "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
-        "--ray-port", str(free_port()), "--ray-num-cpus", "1", "--cluster-timeout", "90",
+        "--ray-port", str(ray_port), "--ray-num-cpus", "1", "--cluster-timeout", "90",
     ]  # fmt: skip
     head_tag, worker_tag = (RunTag(FILE + role, "cpu", "two") for role in ("", ":worker"))
     worker = launcher(
-        "worker", "--head-address", "127.0.0.1", "--agent-port", str(free_port()), *common,
+        "worker", "--head-address", "127.0.0.1", "--agent-port", str(worker_agent_port), *common,
         log=tmp_path / "worker.log",
     )  # fmt: skip
     head = launcher(
         "train", "--num-nodes", "2", "--actor-ranks", "1", "--num-rollout", "6",
         "--save-interval", "6", "--eval-interval", "6",
-        "--dashboard-port", str(free_port()), "--agent-port", str(free_port()),
-        "--client-server-port", str(free_port()), *common, log=tmp_path / "head.log",
+        "--dashboard-port", str(dashboard_port), "--agent-port", str(agent_port),
+        "--client-server-port", str(client_server_port), *common, log=tmp_path / "head.log",
     )  # fmt: skip
     on_head: set[int] = set()
     on_worker: set[int] = set()
@@ -96,9 +97,8 @@ def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
 def test_a_cluster_that_never_reaches_its_size_ends_in_one_line(tmp_path):
     argv = [
         "--num-nodes", "2", "--cluster-timeout", "2", "--run-id", "alone",
-        "--output-dir", str(tmp_path / "outputs"), "--ray-port", str(free_port()),
-        "--dashboard-port", str(free_port()), "--agent-port", str(free_port()),
-        "--client-server-port", str(free_port()), "--ray-num-cpus", "1",
+        "--output-dir", str(tmp_path / "outputs"), *LauncherPorts.draw().argv(),
+        "--ray-num-cpus", "1",
     ]  # fmt: skip
     tag = RunTag(FILE, "cpu", "alone")
     started = time.monotonic()

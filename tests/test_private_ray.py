@@ -1,0 +1,24 @@
+"""The test helpers' port draws: the ports of one run never repeat."""
+
+from __future__ import annotations
+
+import socket
+
+from tests.private_ray import LauncherPorts, free_ports
+
+
+def test_ports_drawn_together_are_distinct_and_free() -> None:
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_a_launchers_ports_go_to_its_four_port_options() -> None:
+    ports = LauncherPorts.draw()
+    assert len(set(ports)) == 4
+    assert ports.argv() == [
+        "--ray-port", str(ports.ray), "--dashboard-port", str(ports.dashboard),
+        "--agent-port", str(ports.agent), "--client-server-port", str(ports.client_server),
+    ]  # fmt: skip
