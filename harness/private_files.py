@@ -14,9 +14,7 @@ import os
 import shutil
 import stat
 
-
-class NotPrivate(Exception):
-    """A path another local user could have made or could change (one line)."""
+from trainer.owned_files import NotPrivate, check_parents
 
 
 def make_private_dir(path: str) -> None:
@@ -78,24 +76,6 @@ def own_dir_mode(path: str) -> int | None:
             "root) or choose another --run-id"
         )
     return stat.S_IMODE(info.st_mode)
-
-
-def check_parents(path: str) -> None:
-    """`path` and every directory above it belong to this user or root, and no one else may
-    write to them (unless the sticky bit keeps them from renaming what is not theirs)."""
-    current = os.path.abspath(path)
-    while True:
-        info = os.stat(current)
-        foreign = info.st_uid not in (os.geteuid(), 0)
-        if foreign or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
-            why = f"owner uid {info.st_uid}" if foreign else f"mode {stat.S_IMODE(info.st_mode):o}"
-            raise NotPrivate(
-                f"{current} may be changed by other users ({why}), so a run's private files "
-                "below it are not safe; use a directory only you can write to"
-            )
-        if current == os.path.dirname(current):
-            return
-        current = os.path.dirname(current)
 
 
 def check_private_file(path: str) -> None:
