@@ -8,7 +8,7 @@ validated plan reaches a runner, so bad input records and launches nothing.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from harness.errors import LaunchError
 from harness.hardware import Hardware, get_hardware, match_hardware
 from harness.host import HostView, record_host
 from harness.launcher import Launcher, LauncherArgs, path_fields
+from harness.secrets import is_secret, secrets_in
 from harness.steps import RayJobSubmit, Shell, Step, train_py_argv
 
 
@@ -116,6 +117,13 @@ class Plan:
     host: HostView
     steps: tuple[Step, ...]
     notes: tuple[str, ...] = ()
+    secrets: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def secret_env(self) -> dict[str, str]:
+        """Every secret this plan knows, by name: the host's and its ``--extra-env``'s, whose
+        values recordings, dry runs and the console must never show."""
+        return {**self.host.env, **self.secrets}
 
 
 def resolve_args(args: LauncherArgs, host: HostView) -> LauncherArgs:
@@ -151,33 +159,89 @@ def build_plan(
     function = launcher.entrypoint(entrypoint)
     host = host or record_host()
     ctx = LaunchContext(launcher, host, dry_run=dry_run)
-    function(ctx, resolve_args(args or launcher.args(), host))
+    args = resolve_args(args or launcher.args(), host)
+    secrets = {name: value for name, value in args.extra_env_vars.items() if is_secret(name)}
+    check_no_secret_in_argv(args, {**host.env, **secrets})
+    function(ctx, args)
     if not ctx.steps:
         raise LaunchError(f"{launcher.module} {function.__name__} emitted no step")
     check_train_argv(ctx.steps, function.__name__)
-    declared = args.hardware if args and args.hardware != "auto" else launcher.recorded_hardware
+    declared = args.hardware if args.hardware != "auto" else launcher.recorded_hardware
     hardware = ctx.hardware or get_hardware(declared)
-    return Plan(launcher, function.__name__, hardware, host, tuple(ctx.steps), tuple(ctx.notes))
+    return Plan(
+        launcher, function.__name__, hardware, host, tuple(ctx.steps), tuple(ctx.notes), secrets
+    )
+
+
+def check_no_secret_in_argv(args: LauncherArgs, env: Mapping[str, str]) -> None:
+    """A secret's value in ``--extra-args`` would be in train.py's argv, which every user of
+    the node can read (``ps``): refused, naming the variable, never the value."""
+    if leaked := secrets_in(args.extra_args, env):
+        raise LaunchError(
+            f"--extra-args holds the value of {leaked[0]}, a secret: argv is visible to every "
+            f"user of the node; give it to the job by name (--pass-env {leaked[0]}) or with "
+            "--extra-env, and let the job read it from its environment"
+        )
+
+
+def local_train_argvs(plan: Plan) -> list[tuple[str, ...]]:
+    """The argv of each train.py that `plan` runs on this node: a plain command, or a job for
+    a Ray of the run's own. A job for a cluster at an address runs on that cluster's nodes,
+    which this host cannot check."""
+    argvs = []
+    for step in plan.steps:
+        argv = train_py_argv(step)
+        here = isinstance(step, Shell) or (isinstance(step, RayJobSubmit) and step.tag is not None)
+        if argv is not None and here:
+            argvs.append(argv)
+    return argvs
+
+
+def local_output_dirs(plan: Plan) -> list[tuple[str, str]]:
+    """(flag, absolute directory) of each ``--output-dir`` and ``--save`` that a train.py of
+    this node writes."""
+    from trainer.arguments import parse_args
+
+    dirs = []
+    for argv in local_train_argvs(plan):
+        paths = parse_args(argv).checkpoint
+        for flag, value in (("--output-dir", paths.output_dir), ("--save", paths.save)):
+            if value:
+                dirs.append((flag, plan.host.path(value)))
+    return dirs
 
 
 def check_local_outputs(plan: Plan) -> None:
     """Before a live plan runs anything: the directories that a train.py of this node will
-    write (its ``--output-dir`` and ``--save``) can be made and written. A job for a cluster
-    at an address runs on that cluster's nodes, which this host cannot check."""
-    from trainer.arguments import parse_args
+    write can be made and written, and nobody but this user (and root) can change them or a
+    directory above them (another user could plant a symlink there and have the run
+    overwrite a file of their choice)."""
+    from owned_files import NotPrivate, owned_dir
     from trainer.file_checks import writable_dir_problem
 
-    for step in plan.steps:
-        argv = train_py_argv(step)
-        here = isinstance(step, Shell) or (
-            isinstance(step, RayJobSubmit) and step.auth_token_path is not None
-        )
-        if argv is None or not here:
-            continue
-        paths = parse_args(argv).checkpoint
-        for flag, value in (("--output-dir", paths.output_dir), ("--save", paths.save)):
-            if value and (problem := writable_dir_problem(Path(plan.host.path(value)))):
-                raise LaunchError(f"train.py {flag} {value}: {problem}")
+    for flag, path in local_output_dirs(plan):
+        if problem := writable_dir_problem(Path(path)):
+            raise LaunchError(f"train.py {flag} {path}: {problem}")
+        try:
+            owned_dir(path)
+        except NotPrivate as err:
+            raise LaunchError(f"train.py {flag} {path}: {err}") from None
+
+
+def check_local_inputs(plan: Plan) -> None:
+    """What a train.py of this node reads (its model, tokenizer, prompt files, the checkpoint
+    it resumes from) passes train.py's own input checks: a missing model or a prompt row
+    without its label is one line before any Ray starts, not a job failing after it."""
+    from trainer.arguments import parse_args
+    from trainer.checkpoint import CheckpointError
+    from trainer.errors import UsageError
+    from trainer.main import check_inputs
+
+    for argv in local_train_argvs(plan):
+        try:
+            check_inputs(parse_args(argv))
+        except (UsageError, CheckpointError) as err:
+            raise LaunchError(f"train.py would refuse its inputs: {err}") from None
 
 
 def check_train_argv(steps: Sequence[Step], where: str) -> None:

@@ -367,11 +367,12 @@ def record_working_tree(root: Path) -> Recordings:
     return json.loads(json.dumps(recordings))
 
 
-_STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Stopped(Exception):
-    """SIGTERM or SIGHUP ended the diff (after its cleanup); exit status 128 + the signal."""
+    """Ctrl-C, SIGTERM or SIGHUP ended the diff (after its cleanup); exit status 128 + the
+    signal."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -384,7 +385,8 @@ def _raise_stopped(signum: int, frame: object) -> None:
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Within: SIGTERM and SIGHUP wait (so a cleanup runs to its end); then they are handled."""
+    """Within: Ctrl-C, SIGTERM and SIGHUP wait (so a cleanup runs to its end); then they are
+    handled."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -116,6 +116,11 @@ class LauncherArgs:
     )
     wandb_project: str = arg("grpo-lora", "wandb project")
     extra_env: str = arg("", "extra environment of the job: NAME=VALUE[,NAME=VALUE...]")
+    pass_env: str = arg(
+        "",
+        "variables of this environment passed to the job by name: NAME[,NAME...] (their "
+        "values stay out of argv and of the Slurm script)",
+    )
     extra_args: str = arg("", "extra train.py flags, appended last (shell syntax)")
 
     def __post_init__(self) -> None:
@@ -142,7 +147,7 @@ class LauncherArgs:
             )
         if self.ray_address is not None and not self.ray_address.strip():
             raise LaunchError("--ray-address must not be empty")
-        _ = self.extra_env_vars, self.extra_argv
+        _ = self.extra_env_vars, self.extra_argv, self.pass_env_names
 
     @property
     def cpus_per_node(self) -> int | None:
@@ -166,6 +171,15 @@ class LauncherArgs:
                 raise LaunchError(f"--extra-env items must be NAME=VALUE (got {name.strip()!r})")
             env[name.strip()] = value
         return env
+
+    @property
+    def pass_env_names(self) -> tuple[str, ...]:
+        """`pass_env` as names."""
+        names = tuple(name.strip() for name in self.pass_env.split(",") if name.strip())
+        for name in names:
+            if not _ENV_NAME.match(name):
+                raise LaunchError(f"--pass-env items must be variable names (got {name!r})")
+        return names
 
     @property
     def extra_argv(self) -> list[str]:

@@ -25,15 +25,18 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from harness import ownership
-from harness.context import Plan
-from harness.errors import Terminated
+from harness.context import Plan, check_local_inputs, local_output_dirs
+from harness.errors import LaunchError, Terminated
+from harness.lease import Lease
+from harness.locks import Locked, exclusive_lock
 from harness.private_files import write_secret
-from harness.run_tag import RunTag
-from harness.secrets import scrub
+from harness.run_tag import OUTPUT_LOCK, RunTag
+from harness.secrets import is_secret, scrub
 from harness.steps import (
     ClaimRun,
     Command,
@@ -43,13 +46,16 @@ from harness.steps import (
     RayStop,
     Shell,
     Step,
+    VerifyRay,
     WaitForCluster,
     WaitForHead,
     WriteFile,
 )
+from owned_files import NotPrivate, owned_dir, write_atomic
 
 _POLL_S = 2.0
 _ALIVE_S = 30.0
+_VERIFY_S = 30.0  # for Ray to bind a port it was given
 StepRunner = Callable[[Step, Mapping[str, str]], None]
 
 
@@ -74,21 +80,37 @@ def live_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 def execute_plan(plan: Plan, run: StepRunner | None = None) -> int:
     """Run every step in order with `run` (default `run_step`); 0 on success, else non-zero.
 
-    Any failure is reported in one line (no traceback) and ends the plan; a failure, Ctrl-C or
-    SIGTERM then stops the Ray this plan started, if any and not stopped yet. Ctrl-C and
-    SIGTERM are re-raised for the caller's exit status.
+    Held to the end: the slot lock of each run the plan claims and a lock on each output dir
+    a train.py of this node writes (a second launch of the same run is refused by name). Just
+    before the claim, train.py's input checks run here (`check_local_inputs`); once the claim
+    has made the run's private dir, its `Lease` ends what the run started should the launcher
+    be killed. Any failure is reported in one line (no traceback) and ends the plan; a
+    failure, Ctrl-C or SIGTERM then stops the Ray this plan started, if any and not stopped
+    yet. Ctrl-C and SIGTERM are re-raised for the caller's exit status.
     """
     run = run or run_step
     env = live_env(plan.host.env)
+    hidden = {**env, **plan.secret_env}
     total = len(plan.steps)
     started: list[str] = []  # tags of the Rays this plan started and has not stopped
-    with _SignalsAsInterrupt() as signals:
+    with _SignalsAsInterrupt() as signals, contextlib.ExitStack() as held:
+        try:
+            _hold_locks(plan, held)
+        except ownership.Refused as refusal:
+            _progress(scrub(f"error: refused: {refusal}", hidden))
+            return 1
+        leases: list[Lease] = []
+        held.callback(lambda: [lease.close() for lease in leases])
         for index, step in enumerate(plan.steps, 1):
-            _progress(scrub(f"step {index}/{total}: {_one_line(step.render())}", env))
+            _progress(scrub(f"step {index}/{total}: {_one_line(step.render())}", hidden))
             if isinstance(step, RayStart) and step.tag is not None:
                 started.append(step.tag)  # before it runs: a half-started Ray is ours too
             try:
+                if isinstance(step, ClaimRun):
+                    _check_inputs(plan)
                 run(step, env)
+                if isinstance(step, ClaimRun):
+                    leases.append(Lease(step.tag, step.checkout, daemon_env(env)))
             except KeyboardInterrupt:
                 _stop_started(started, plan, run, env)
                 if signals.received is not None:
@@ -98,12 +120,59 @@ def execute_plan(plan: Plan, run: StepRunner | None = None) -> int:
                 reason = _one_line(str(failure) or type(failure).__name__, 400)
                 if isinstance(step, RayJobSubmit) and (killed := _killed_rays(started)):
                     reason = f"{killed} ({reason})"
-                _progress(scrub(f"error: {reason}", env))
+                _progress(scrub(f"error: {reason}", hidden))
                 _stop_started(started, plan, run, env)
                 return failure.exit_code if isinstance(failure, StepFailed) else 1
             if isinstance(step, RayStop) and step.tag in started:
                 started.remove(step.tag)
+        for lease in leases:
+            lease.end()
     return 0
+
+
+def _hold_locks(plan: Plan, held: contextlib.ExitStack) -> None:
+    """Take, into `held`, the slot lock of every run `plan` claims and a lock on every output
+    dir a train.py of this node writes; `ownership.Refused` names a holder."""
+    for step in plan.steps:
+        if isinstance(step, ClaimRun):
+            held.enter_context(ownership.slot_lock(RunTag.parse(step.tag)))
+    for flag, path in local_output_dirs(plan):
+        if flag != "--output-dir":
+            continue
+        try:
+            os.makedirs(path, exist_ok=True)
+            held.enter_context(exclusive_lock(f"{path}/{OUTPUT_LOCK}", plan.launcher.module))
+        except Locked as holder:
+            raise ownership.Refused(
+                f"{path} is being written by {holder}; wait for it to end, or choose another "
+                "--run-id or --output-dir"
+            ) from None
+        except (NotPrivate, OSError) as err:
+            raise ownership.Refused(f"--output-dir {path}: {err}") from None
+
+
+def _check_inputs(plan: Plan) -> None:
+    try:
+        check_local_inputs(plan)
+    except LaunchError as err:
+        raise StepFailed(str(err), 2) from None
+
+
+def daemon_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` for the processes a run starts that live beside its job (Ray's daemons, the
+    lease's watcher): without secrets, which any process of this user could read in their
+    ``/proc/PID/environ`` (the job gets its own through `trainer.job_env`), and so without a
+    ``RAY_AUTH_TOKEN`` of the user's shell, which Ray would prefer to the run's token file."""
+    return {name: value for name, value in env.items() if not is_secret(name)}
+
+
+def exit_status(returncode: int) -> tuple[int, str]:
+    """A process's exit status as a shell gives it (128+N for signal N) and in words."""
+    if returncode < 0 or (returncode > 128 and returncode - 128 in signal.valid_signals()):
+        number = -returncode if returncode < 0 else returncode - 128
+        name = signal.Signals(number).name if number in signal.valid_signals() else number
+        return 128 + number, f"was killed by {name}"
+    return returncode, f"exited with {returncode}"
 
 
 class _SignalsAsInterrupt:
@@ -218,16 +287,20 @@ def _(step: ClaimRun, env: Mapping[str, str]) -> None:
     except ownership.Refused as refusal:
         raise StepFailed(f"refused: {refusal}") from None
     if stopped:
-        _progress(f"stopped {stopped} processes of an earlier run of {step.tag.split('/')[0]}")
+        tag = RunTag.parse(step.tag)
+        launcher = os.path.relpath(tag.launcher, step.checkout)
+        _progress(
+            f"stopped {stopped} processes left by an earlier run of {launcher} on {tag.devices}"
+        )
 
 
 @run_step.register
 def _(step: WriteFile, env: Mapping[str, str]) -> None:
     try:
-        os.makedirs(os.path.dirname(step.path) or ".", exist_ok=True)
-        with open(step.path, "w") as file:
-            file.write(step.content)
-        os.chmod(step.path, step.mode)
+        owned_dir(os.path.dirname(os.path.abspath(step.path)))
+        write_atomic(step.path, step.content, step.mode)
+    except NotPrivate as err:
+        raise StepFailed(f"writing {step.path}: {err}") from None
     except OSError as err:
         raise StepFailed(f"writing {step.path}: {err.strerror or err}") from None
     _progress(f"wrote {step.path}")
@@ -236,6 +309,14 @@ def _(step: WriteFile, env: Mapping[str, str]) -> None:
 @run_step.register
 def _(step: RayStop, env: Mapping[str, str]) -> None:
     ownership.release(RunTag.parse(step.tag))
+
+
+@run_step.register
+def _(step: VerifyRay, env: Mapping[str, str]) -> None:
+    try:
+        ownership.verify(RunTag.parse(step.tag), step.ports, step.timeout_s)
+    except ownership.Refused as refusal:
+        raise StepFailed(f"refused: {refusal}") from None
 
 
 @run_step.register(WaitForCluster)
@@ -247,7 +328,7 @@ def _(step: Step, env: Mapping[str, str]) -> None:
             done = subprocess.run(
                 command.argv,
                 cwd=command.cwd,
-                env={**env, **command.env},
+                env={**daemon_env(env), **command.env},
                 stderr=subprocess.PIPE,
                 text=True,
                 check=False,
@@ -255,8 +336,9 @@ def _(step: Step, env: Mapping[str, str]) -> None:
         except OSError as err:
             raise StepFailed(f"{command.argv[0]}: {err.strerror or err}") from err
         if done.returncode:
-            lines = done.stderr.strip().splitlines() or [f"exited with {done.returncode}"]
-            raise StepFailed(lines[-1], done.returncode)
+            status, said = exit_status(done.returncode)
+            lines = done.stderr.strip().splitlines() or [f"{command.argv[0]} {said}"]
+            raise StepFailed(lines[-1], status)
 
 
 @run_step.register
@@ -267,25 +349,40 @@ def _(step: Shell, env: Mapping[str, str]) -> None:
 
 @run_step.register
 def _(step: RayStart, env: Mapping[str, str]) -> None:
-    """In a session of its own: the daemons it leaves are out of the terminal's reach (its
-    Ctrl-C goes to the foreground process group), and the launcher stops them."""
-    for command in step.commands():
-        _run(command, env, new_session=True)
+    """In a session of its own, with no secret in its environment (`daemon_env`): the daemons
+    it leaves are out of the terminal's reach (its Ctrl-C goes to the foreground process
+    group), and the launcher stops them. A worker's ``ray start --block`` runs until it is
+    stopped; meanwhile its agent port is verified as a head's ports are (`VerifyRay`)."""
+    (command,) = step.commands()
+    process = _start(command, daemon_env(env), new_session=True)
+    if step.block and step.tag is not None and step.agent_port is not None:
+        try:
+            ownership.verify(RunTag.parse(step.tag), (step.agent_port,), _VERIFY_S)
+        except ownership.Refused as refusal:
+            process.terminate()
+            raise StepFailed(f"refused: {refusal}") from None
+    _finish(command, process.wait())
 
 
-def _run(command: Command, env: Mapping[str, str], *, new_session: bool = False) -> None:
+def _run(command: Command, env: Mapping[str, str]) -> None:
+    _finish(command, _start(command, env).wait())
+
+
+def _start(
+    command: Command, env: Mapping[str, str], *, new_session: bool = False
+) -> subprocess.Popen[bytes]:
     try:
-        done = subprocess.run(
-            command.argv,
-            cwd=command.cwd,
-            env={**env, **command.env},
-            check=False,
-            start_new_session=new_session,
+        return subprocess.Popen(
+            command.argv, cwd=command.cwd, env={**env, **command.env}, start_new_session=new_session
         )
     except OSError as err:
         raise StepFailed(f"{command.argv[0]}: {err.strerror or err}") from err
-    if done.returncode and not command.ignore_failure:
-        raise StepFailed(f"{command.argv[0]} exited with {done.returncode}", done.returncode)
+
+
+def _finish(command: Command, returncode: int) -> None:
+    if returncode and not command.ignore_failure:
+        status, said = exit_status(returncode)
+        raise StepFailed(f"{command.argv[0]} {said}", status)
 
 
 @run_step.register
@@ -293,7 +390,12 @@ def _(step: RayJobSubmit, env: Mapping[str, str]) -> None:
     from harness.job_client import TimedJobClient
 
     headers = {}
-    if step.auth_token_path is not None:  # a cluster this run started: its own token
+    if step.auth_token_path is not None and step.tag is not None:  # this run's own Ray
+        port = urllib.parse.urlsplit(step.address).port
+        try:  # the token goes to this run's Ray alone
+            ownership.verify(RunTag.parse(step.tag), (port or 80,), _VERIFY_S)
+        except ownership.Refused as refusal:
+            raise StepFailed(f"refused: {refusal}") from None
         headers["Authorization"] = f"Bearer {_read_token(step.auth_token_path)}"
     else:
         _follow_ray_token_auth()
@@ -364,10 +466,9 @@ def run_job(step: RayJobSubmit, client: Any, secrets_of: Mapping[str, str] | Non
         code = getattr(info, "driver_exit_code", None) or 1
         message = (getattr(info, "message", None) or "").strip()
         reason = f": {message.splitlines()[0]}" if message else ""  # the logs were streamed
-        if code < 0:  # the driver died of a signal: say which, exit as a shell would
-            known = -code in signal.valid_signals()
-            reason += f" (train.py was killed by {signal.Signals(-code).name if known else -code})"
-            code = 128 - code
+        code, said = exit_status(code)
+        if said.startswith("was killed"):  # the driver died of a signal: say which
+            reason += f" (train.py {said})"
         raise StepFailed(f"Ray job {job_id} {status.value}{reason}", code)
 
 

@@ -10,10 +10,14 @@ launcher on the same devices is in progress (its launcher process lives), when t
 private dir is not this user's, when a Ray, trainer or SGLang that this launcher did not start
 holds the requested devices, or a requested port is taken. Then it stops what *dead* runs of
 the same launcher on the same devices left behind, creates the run's private dir (mode 0700,
-by this claim) with the run's record, and writes the run's fresh Ray token. `release` stops
-the run's processes and removes its private dir and token, and nothing else.
+by this claim) with the run's record, and writes the run's fresh Ray token. A live launcher
+claims under `slot_lock`, which it holds to its end, so two launches at the same moment cannot
+both pass. `verify`, after ``ray start``, makes sure that the run's own Ray, and nothing else,
+listens on its ports before anything sends them the token. `release` stops the run's
+processes and removes its private dir and token, and nothing else.
 
     python -m harness.ownership claim --tag TAG [--port PORT ...] [--token-path PATH]
+    python -m harness.ownership verify --tag TAG [--port PORT ...] [--timeout SECONDS]
     python -m harness.ownership release --tag TAG
 
 From the command line the run's launcher is the claim's parent process (the shell running the
@@ -33,7 +37,8 @@ import shutil
 import socket
 import stat
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -41,6 +46,8 @@ import psutil
 
 from command_line import run_command
 from harness.gpu_processes import GpuMap, gpu_processes
+from harness.listeners import listeners
+from harness.locks import Locked, exclusive_lock
 from harness.private_files import (
     NotPrivate,
     check_parents,
@@ -331,6 +338,52 @@ def claim(
     return stopped
 
 
+def verify(tag: RunTag, ports: Sequence[int], timeout_s: float, poll_s: float = 0.5) -> None:
+    """Return once run `tag`'s own processes listen on each of `ports` and nothing else does;
+    raise `Refused` as soon as another process listens on one, or when one is still free
+    after `timeout_s` (the run's Ray half started)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ours = {s.process.pid for s in of_run(tag, processes())}
+        held = listeners(ports)
+        if foreign := [lis for found in held.values() for lis in found if lis.pid not in ours]:
+            raise Refused(
+                f"{'; '.join(lis.describe() for lis in foreign)}: not this run's Ray, which "
+                "must hold that port before it is sent the run's token (another process took "
+                "it after the claim); stop that process or choose another port"
+            )
+        free = [port for port, found in held.items() if not found]
+        if not free:
+            return
+        if time.monotonic() > deadline:
+            raise Refused(
+                f"this run's Ray did not start listening on port {', '.join(map(str, free))} "
+                f"within {timeout_s:g} s: it half started (its logs: "
+                f"{tag.temp_dir}/session_latest/logs)"
+            )
+        time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def slot_lock(tag: RunTag) -> Iterator[None]:
+    """Held by a live launcher from before its claim to its end: a second launch of this
+    launcher on these devices, even at the same moment, is refused by name instead of
+    racing the first through the claim."""
+    check_parents(TEMP_ROOT)
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(exclusive_lock(tag.lock_path, f"run {tag.run_id!r}"))
+    except Locked as holder:
+        raise Refused(
+            f"{holder} of this launcher on {tag.devices} is starting or in progress; wait for "
+            "it to end, or stop it"
+        ) from None
+    except NotPrivate as err:
+        raise Refused(str(err)) from None
+    with held:
+        yield
+
+
 def release(tag: RunTag) -> int:
     """Stop every process of run `tag`, remove its private dir and a token it keeps elsewhere;
     the number stopped."""
@@ -371,9 +424,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     claim_parser.add_argument("--token-path", help="write a fresh Ray token there")
     release_parser = commands.add_parser("release", help="stop this run's processes")
     release_parser.add_argument("--tag", type=RunTag.parse, required=True)
+    verify_parser = commands.add_parser("verify", help="the run's Ray, alone, holds the ports")
+    verify_parser.add_argument("--tag", type=RunTag.parse, required=True)
+    verify_parser.add_argument("--port", type=int, action="append", default=[])
+    verify_parser.add_argument("--timeout", type=float, default=30.0)
     options = parser.parse_args(argv)
     if options.command == "claim":
         action = partial(claim, options.tag, options.port, options.token_path, owner=os.getppid())
+    elif options.command == "verify":
+        action = partial(verify, options.tag, options.port, options.timeout)
     else:
         action = partial(release, options.tag)
     return run_command(parser.prog, action, Refused, status=1, label="refused")

@@ -14,7 +14,7 @@ import os
 import shutil
 import stat
 
-from trainer.owned_files import NotPrivate, check_parents
+from owned_files import NotPrivate, check_parents
 
 
 def make_private_dir(path: str) -> None:

@@ -18,6 +18,7 @@ from harness.steps import (
     RayJobSubmit,
     RayStart,
     RayStop,
+    VerifyRay,
     WaitForCluster,
     WaitForHead,
     job_env_path,
@@ -116,9 +117,9 @@ def execute_train(
         runtime_env["worker_process_setup_hook"] = SETUP_HOOK
     runtime_env["env_vars"] = env_vars
     job_address = address or f"http://{LOCALHOST}:{args.dashboard_port}"
-    job_token = token_path if own_cluster else None
+    job_token, job_tag = (token_path, str(tag)) if own_cluster else (None, None)
     entrypoint = ("python3", "train.py", *argv)
-    ctx.emit(RayJobSubmit(job_address, entrypoint, runtime_env, job_token, secret_env))
+    ctx.emit(RayJobSubmit(job_address, entrypoint, runtime_env, job_token, secret_env, job_tag))
     if own_cluster and stop_ray:
         ctx.emit(RayStop(str(tag), checkout))
 
@@ -151,6 +152,7 @@ def _start_head(
             client_server_port=args.client_server_port,
         )
     )
+    ctx.emit(VerifyRay(tag, checkout, ports))
     if several:
         gcs = f"{LOCALHOST}:{args.ray_port}"
         timeout = args.cluster_timeout
@@ -168,7 +170,7 @@ def _job_env_vars(
 ) -> dict[str, str]:
     """The job's environment, secrets included: the checkout on PYTHONPATH, the forwarded host
     variables, the platform's, the wandb key where wandb logs, then the recipe's `job_env`
-    and the user's ``--extra-env`` (each wins over what comes before it)."""
+    and the user's ``--extra-env`` and ``--pass-env`` (each wins over what comes before it)."""
     host_env = ctx.host.env
     env_vars = {
         "PYTHONUNBUFFERED": "1",
@@ -182,6 +184,10 @@ def _job_env_vars(
         env_vars["WANDB_API_KEY"] = host_env["WANDB_API_KEY"]
     env_vars.update(job_env)
     env_vars.update(args.extra_env_vars)
+    for name in args.pass_env_names:
+        if name not in host_env:
+            raise LaunchError(f"--pass-env {name}: it is not set in this environment")
+        env_vars[name] = host_env[name]
     return env_vars
 
 

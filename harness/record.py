@@ -53,9 +53,9 @@ def recording_of(plan: Plan, name: str | None = None, options: str = "") -> Reco
         f"# hardware: {plan.hardware.describe()}\n"
     )
     blocks = [step.render() for step in plan.steps]
-    text = scrub(header + "".join(f"\n{block}\n" for block in blocks), plan.host.env)
+    text = scrub(header + "".join(f"\n{block}\n" for block in blocks), plan.secret_env)
     steps = tuple(step.redacted() for step in plan.steps)
-    dicts = tuple(scrub_data(step.to_dict(), plan.host.env) for step in plan.steps)
+    dicts = tuple(scrub_data(step.to_dict(), plan.secret_env) for step in plan.steps)
     name = name or plan.entrypoint
     return Recording(plan.launcher.path, name, plan.hardware.name, steps, text, dicts)
 

@@ -14,6 +14,7 @@ import hashlib
 from dataclasses import dataclass
 
 TAG_VAR = "GRPO_RUN_TAG"
+OUTPUT_LOCK = ".launcher.lock"  # in a run's output dir: the live launcher writing it holds it
 JOB_ENV_FILE = "job_env"  # beside a run's token: the job's secret variables (JSON, mode 0600)
 TEMP_ROOT = "/tmp"  # short on purpose: Ray's socket paths under it must stay below 107 bytes
 
@@ -49,6 +50,11 @@ class RunTag:
     def slot_prefix(self) -> str:
         """Every temp dir of this slot starts with this."""
         return f"{TEMP_ROOT}/grpo-{_digest(self.slot)}-"
+
+    @property
+    def lock_path(self) -> str:
+        """The slot's lock, which a live launcher holds from before its claim to its end."""
+        return self.slot_prefix + "lock"
 
     @property
     def run_dir(self) -> str:

@@ -36,6 +36,12 @@ def secret_values(env: Mapping[str, str]) -> list[str]:
     return sorted(values, key=len, reverse=True)
 
 
+def secrets_in(text: str, env: Mapping[str, str]) -> list[str]:
+    """The names of `env`'s secrets whose values occur in `text`."""
+    values = set(secret_values(env))
+    return [name for name, value in env.items() if value in values and value in text]
+
+
 def scrub(text: str, env: Mapping[str, str]) -> str:
     """Replace every secret value of `env` that occurs in `text` (say, pasted into an option)."""
     for value in secret_values(env):

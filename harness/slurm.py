@@ -16,6 +16,7 @@ from typing import Any
 from harness.context import LaunchContext
 from harness.errors import LaunchError
 from harness.launcher import LauncherArgs, flag
+from harness.secrets import is_secret
 from harness.steps import WriteFile
 
 # Resolved per node from the allocation, never fixed in the script.
@@ -37,11 +38,25 @@ def option_argv(args: LauncherArgs) -> list[str]:
     return argv
 
 
+def without_secrets(args: LauncherArgs) -> LauncherArgs:
+    """`args` as the script passes them on, holding no secret: the secret items of
+    ``--extra-env`` become ``--pass-env`` names, whose values Slurm hands from the submitting
+    environment to the job (its default ``--export=ALL``)."""
+    extra = args.extra_env_vars
+    secret = [name for name in extra if is_secret(name)]
+    kept = ",".join(f"{name}={value}" for name, value in extra.items() if name not in secret)
+    passed = ",".join(dict.fromkeys([*args.pass_env_names, *secret]))
+    return dataclasses.replace(args, extra_env=kept, pass_env=passed)
+
+
 def batch_script(ctx: LaunchContext, args: LauncherArgs, gpus_per_node: int) -> str:
     """The script; every value in it is quoted for the shell (shlex), and for sbatch's reading
     of ``#SBATCH`` lines, which takes shell quotes but ends at a newline and drops backslashes.
+    It holds no secret (`without_secrets`): each variable passed by name must be exported
+    when it is submitted, else it stops at once and says so.
     """
     module = shlex.quote(ctx.launcher.module)
+    args = without_secrets(args)
     options = shlex.join(option_argv(args))
     _check_directive_value("--output-dir", args.output_dir)
     output = f"{args.output_dir}/{args.run_id}".replace("%", "%%") + "/slurm-%j.out"
@@ -54,6 +69,7 @@ def batch_script(ctx: LaunchContext, args: LauncherArgs, gpus_per_node: int) -> 
         "#SBATCH --exclusive",
         f"#SBATCH --output={shlex.quote(output)}",
         "set -euo pipefail",
+        *(f': "${{{name}:?export {name} before sbatch}}"' for name in args.pass_env_names),
         f"cd {shlex.quote(ctx.host.checkout)}",
         # the first host; sed reads the whole list, where `head -n 1` would close the pipe on a
         # long one and scontrol's SIGPIPE fail the script under pipefail

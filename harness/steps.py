@@ -219,6 +219,35 @@ class RayStart(Step):
 
 
 @dataclass(frozen=True)
+class VerifyRay(Step):
+    """Check that run `tag`'s own Ray processes, and nothing else, listen on `ports`
+    (`harness.ownership.verify`), before anything sends them the run's token.
+
+    Between the claim and ``ray start`` another user may bind one of the ports; Ray's
+    dashboard (the job server) then fails to start while ``ray start`` still exits 0, and a
+    job submission would hand the token to that user's server. Waits up to `timeout_s` for
+    Ray to bind every port; else one line, exit 1.
+    """
+
+    kind: ClassVar[str] = "verify_ray"
+    tag: str
+    checkout: str
+    ports: tuple[int, ...]
+    timeout_s: int = 30
+
+    def __post_init__(self) -> None:
+        RunTag.parse(self.tag)
+        _freeze(self, ports=tuple(self.ports))
+
+    def commands(self) -> tuple[Command, ...]:
+        argv = ["python3", "-m", "harness.ownership", "verify", "--tag", self.tag]
+        for port in self.ports:
+            argv += ["--port", str(port)]
+        argv += ["--timeout", str(self.timeout_s)]
+        return (Command(tuple(argv), cwd=self.checkout),)
+
+
+@dataclass(frozen=True)
 class WaitForCluster(Step):
     """Wait, up to `timeout_s`, until the Ray cluster at `address` (``HOST:PORT`` of its GCS)
     has `nodes` alive nodes and `gpus` GPUs (`harness.cluster`); else one line, exit 1."""
@@ -278,8 +307,9 @@ class RayStop(Step):
 class RayJobSubmit(Step):
     """``ray job submit``: run `entrypoint` as a Ray job with `runtime_env`, wait, stream logs.
 
-    Secrets never travel in the entrypoint. With `auth_token_path` (a cluster this run started)
-    the submission authenticates with the token in that file, and the job's secret variables,
+    Secrets never travel in the entrypoint. With `auth_token_path` and `tag` (a cluster run
+    `tag` started) the submission authenticates with the token in that file, once the run's own
+    Ray, and nothing else, is seen listening on the job server's port; the job's secret variables,
     `secret_env`, go into `env_file` beside it (mode 0600, in the run's private dir, removed
     when the job ends), which `runtime_env` names (`trainer.job_env`): Ray logs a runtime env's
     variables in clear text. Otherwise secrets are variables of `runtime_env`.
@@ -291,10 +321,15 @@ class RayJobSubmit(Step):
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
     auth_token_path: str | None = None
     secret_env: Mapping[str, str] = field(default_factory=dict)
+    tag: str | None = None
 
     def __post_init__(self) -> None:
         if not self.entrypoint:
             raise ValueError("a Ray job needs an entrypoint")
+        if (self.tag is None) != (self.auth_token_path is None):
+            raise ValueError("a token goes only to the Ray of run `tag`: give both or neither")
+        if self.tag is not None:
+            RunTag.parse(self.tag)
         if self.secret_env and self.auth_token_path is None:
             raise ValueError("secret_env needs the private dir of auth_token_path")
         _freeze(

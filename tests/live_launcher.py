@@ -23,9 +23,11 @@ def launch(
     ports: LauncherPorts,
     *extra: str,
     own_session: bool = False,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """`train` of `run_id` under `tmp_path` (the tiny model and task already built there);
-    `own_session`: in a session of its own, as a shell starts a foreground job."""
+    `own_session`: in a session of its own, as a shell starts a foreground job; `env`: more
+    of the user's environment."""
     argv = [
         "train", "--run-id", run_id, "--model-dir", str(tmp_path / "models"),
         "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
@@ -36,7 +38,12 @@ def launch(
         return subprocess.Popen(
             [sys.executable, "-m", "launchers.cpu.run_tiny_qwen3_lora", *argv],
             cwd=CHECKOUT,
-            env={**os.environ, "PYTHONPATH": CHECKOUT, "HF_TOKEN": SECRETS["HF_TOKEN"]},
+            env={
+                **os.environ,
+                "PYTHONPATH": CHECKOUT,
+                "HF_TOKEN": SECRETS["HF_TOKEN"],
+                **(env or {}),
+            },
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=own_session,

@@ -17,7 +17,7 @@ from harness.errors import Terminated
 from harness.hardware import match_hardware
 from harness.host import CHECKOUT, RECORD_RUN_ID, HostView, detect_gpus
 from harness.record import record
-from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop
+from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop, VerifyRay
 from launchers.amd.run_qwen3_4b_lora import LAUNCHER as AMD
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
 from tests.private_ray import LauncherPorts
@@ -108,7 +108,7 @@ def test_live_mode_hands_the_validated_plan_to_the_runner(capsys):
     assert status == 3, "the runner's exit status is the launcher's"
     assert out == ""
     (plan,) = spy.plans
-    assert [type(s) for s in plan.steps] == [ClaimRun, RayStart, RayJobSubmit, RayStop]
+    assert [type(s) for s in plan.steps] == [ClaimRun, RayStart, VerifyRay, RayJobSubmit, RayStop]
     assert plan.steps[1].num_cpus == 2 and plan.steps[1].num_gpus == 0
 
 
@@ -184,7 +184,7 @@ def test_secrets_reach_the_launchers_own_ray_in_a_private_file_never_in_its_runt
     argv = ["train", "--run-id", "r", "--extra-env", "MY_TOKEN=tok-1,PLAIN=p"]
     env = {"WANDB_API_KEY": "sk-1", "HF_TOKEN": "hf_1"}
     assert cli(AMD, argv, capsys, live=spy, detected="AMD Instinct MI355X", **env)[0] == 0
-    job = spy.plans[0].steps[2]
+    job = spy.plans[0].steps[3]
     assert isinstance(job, RayJobSubmit)
     assert job.secret_env == {"WANDB_API_KEY": "sk-1", "HF_TOKEN": "hf_1", "MY_TOKEN": "tok-1"}
     assert job.env_file == job.auth_token_path.replace("auth_token", "job_env")
@@ -216,13 +216,11 @@ def test_the_ray_client_port_is_the_runs_choice_and_claimed(capsys):
 def test_common_secret_names_and_their_values_are_redacted_in_dry_runs(capsys):
     extra = "AWS_SECRET_ACCESS_KEY=aws-s3cr3t,DB_PASSWORD=pw-s3cr3t,SMTP_PASS=smtp-s3cr3t"
     argv = ["train", "--dry-run", "--extra-env", extra]
-    argv += ["--extra-args", "--wandb-run-name pw-s3cr3t"]  # a secret's value pasted in argv
     status, out, _ = cli(AMD, argv, capsys, DB_PASSWORD="pw-s3cr3t")
     assert status == 0
     assert "s3cr3t" not in out
     for name in ("AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "SMTP_PASS"):
         assert f'"{name}":"<redacted>"' in out
-    assert "--wandb-run-name <redacted>" in out
 
 
 @pytest.mark.parametrize(
@@ -356,3 +354,31 @@ def test_an_output_dir_that_cannot_be_written_stops_a_live_run_before_it_starts(
         f"{CPU_PROG}: error: train.py --output-dir {blocker}/out/unwritable: "
         "cannot write there (Not a directory)\n"
     ), "the run started"
+
+
+def test_a_secret_value_in_the_extra_args_is_refused_never_shown(capsys):
+    """In train.py's argv a secret is visible to every user of the node (``ps``)."""
+    secret = "s3cr3t-service-token"
+    for extra in (
+        ["--extra-args", f"--wandb-project {secret}", "--extra-env", f"MY_SERVICE_TOKEN={secret}"],
+        ["--extra-args", f"--wandb-project {secret}"],
+    ):
+        for dry_run in ([], ["--dry-run"]):
+            spy = SpyRunner()
+            status, out, err = cli(
+                CPU, ["train", *extra, *dry_run], capsys, live=spy, MY_SERVICE_TOKEN=secret
+            )
+            assert (status, out, spy.plans) == (2, "", [])
+            assert secret not in err and err.count("\n") == 1
+            assert "--extra-args holds the value of MY_SERVICE_TOKEN, a secret" in err
+
+
+def test_pass_env_takes_a_variable_by_name_and_refuses_a_missing_one(capsys):
+    spy = SpyRunner()
+    status, _, err = cli(CPU, ["train", "--pass-env", "MY_KEY"], capsys, live=spy)
+    assert status == 2 and "--pass-env MY_KEY: it is not set in this environment" in err
+    status, _, _ = cli(CPU, ["train", "--pass-env", "MY_KEY"], capsys, live=spy, MY_KEY="k-1")
+    (job,) = [step for step in spy.plans[0].steps if step.kind == "ray_job_submit"]
+    assert status == 0 and job.secret_env == {"MY_KEY": "k-1"}
+    status, _, err = cli(CPU, ["train", "--pass-env", "MY-KEY"], capsys, live=SpyRunner())
+    assert status == 2 and "--pass-env items must be variable names" in err

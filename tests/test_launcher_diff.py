@@ -121,7 +121,7 @@ def test_worktree_is_removed_when_the_base_cannot_record(repo: Path) -> None:
     assert len(_worktrees(repo)) == 1
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_stopped_diff_removes_its_worktree_and_its_recording(
     repo: Path, tmp_path: Path, signum: int
 ) -> None:

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -17,13 +18,17 @@ from dataclasses import dataclass
 import pytest
 from ray.job_submission import JobStatus
 
+from harness import ownership
 from harness.context import Plan
 from harness.errors import Terminated
 from harness.hardware import get_hardware
-from harness.host import HostView
+from harness.host import CHECKOUT, HostView
 from harness.live import StepFailed, execute_plan, live_env, run_job, run_step
-from harness.steps import HubDownload, RayJobSubmit, RayStart, RayStop, Shell, Step
+from harness.run_tag import TAG_VAR, RunTag
+from harness.steps import ClaimRun, HubDownload, RayJobSubmit, RayStart, RayStop, Shell, Step
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
+from tests.listening import another_user_or_skip, http_server
+from tests.private_ray import free_port
 
 
 def plan_of(*steps: Step, env: dict[str, str] | None = None) -> Plan:
@@ -288,7 +293,18 @@ def test_losing_the_job_server_stops_the_job():
     assert client.stopped == ["raysubmit_1"]
 
 
-def test_a_run_of_its_own_ray_submits_with_the_run_token(tmp_path, monkeypatch):
+RUN = f"{CHECKOUT}/launchers/cpu/run_tiny_qwen3_lora.py@cpu/live-unit"
+
+
+@pytest.fixture
+def job_server():
+    """The address of an HTTP server of run `RUN` (standing in for its Ray's job server)."""
+    port = free_port()
+    with http_server(port, tag=RUN):
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_a_run_of_its_own_ray_submits_with_the_run_token(tmp_path, monkeypatch, job_server):
     token_file = tmp_path / "auth_token"
     token_file.write_text("t0k3n-of-this-run")
     made: list[dict] = []
@@ -299,13 +315,29 @@ def test_a_run_of_its_own_ray_submits_with_the_run_token(tmp_path, monkeypatch):
             made.append({"address": address, "headers": headers})
 
     monkeypatch.setattr("harness.job_client.TimedJobClient", Client)
-    step = RayJobSubmit(JOB.address, JOB.entrypoint, JOB.runtime_env, str(token_file))
+    step = RayJobSubmit(job_server, JOB.entrypoint, JOB.runtime_env, str(token_file), tag=RUN)
     run_step(step, {})
     assert made == [
-        {"address": JOB.address, "headers": {"Authorization": "Bearer t0k3n-of-this-run"}}
+        {"address": job_server, "headers": {"Authorization": "Bearer t0k3n-of-this-run"}}
     ]
     assert "t0k3n" not in step.render()
     assert "RAY_AUTH_TOKEN_PATH=" in step.render()
+
+
+def test_the_token_never_goes_to_a_job_server_the_run_did_not_start(tmp_path):
+    """Another user's server on the job server's port (taken after the claim) is refused
+    before anything is sent to it; so is one of this user's that is not the run's."""
+    another_user_or_skip()
+    token_file = tmp_path / "auth_token"
+    token_file.write_text("t0k3n-of-this-run")
+    for other_user in (True, False):
+        port = free_port()
+        address = f"http://127.0.0.1:{port}"
+        step = RayJobSubmit(address, JOB.entrypoint, JOB.runtime_env, str(token_file), tag=RUN)
+        with http_server(port, other_user=other_user) as impostor:
+            with pytest.raises(StepFailed, match=f"127.0.0.1:{port}: not this run.s Ray"):
+                run_step(step, {})
+            assert impostor.stop() == []
 
 
 def test_secret_values_are_scrubbed_from_the_console(capsys, monkeypatch):
@@ -329,7 +361,9 @@ def test_secret_values_are_scrubbed_from_the_console(capsys, monkeypatch):
     assert "pw-s3cr3t" not in capsys.readouterr().err
 
 
-def test_a_jobs_secrets_are_in_a_private_file_while_it_runs_and_only_there(tmp_path, monkeypatch):
+def test_a_jobs_secrets_are_in_a_private_file_while_it_runs_and_only_there(
+    tmp_path, monkeypatch, job_server
+):
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
     (run_dir / "auth_token").write_text("t0k3n")
@@ -350,7 +384,12 @@ def test_a_jobs_secrets_are_in_a_private_file_while_it_runs_and_only_there(tmp_p
     monkeypatch.setattr("harness.live._POLL_S", 0)
     runtime_env = {"env_vars": {"GRPO_JOB_ENV_FILE": str(run_dir / "job_env")}}
     step = RayJobSubmit(
-        JOB.address, JOB.entrypoint, runtime_env, str(run_dir / "auth_token"), {"HF_TOKEN": "hf_1"}
+        job_server,
+        JOB.entrypoint,
+        runtime_env,
+        str(run_dir / "auth_token"),
+        {"HF_TOKEN": "hf_1"},
+        RUN,
     )
     run_step(step, {})
     assert seen["mode"] == 0o600 and seen["secrets"] == {"HF_TOKEN": "hf_1"}
@@ -390,3 +429,29 @@ def test_a_job_server_that_stops_answering_ends_the_wait_and_the_job(monkeypatch
         run_job(JOB, client)
     assert time.monotonic() - started < 5
     assert client.stopped == ["raysubmit_1"]
+
+
+def test_a_driver_killed_through_its_shell_names_the_signal_too():
+    """Ray runs the entrypoint through a shell, which reports SIGKILL as 137."""
+    with pytest.raises(StepFailed, match=r"\(train\.py was killed by SIGKILL\)") as failure:
+        run_job(JOB, FakeJobClient([JobStatus.FAILED], exit_code=137))
+    assert failure.value.exit_code == 137
+
+
+def test_what_an_earlier_run_left_is_named_when_the_claim_stops_it(tmp_path, capsys):
+    launcher = f"{tmp_path}/launchers/x.py"
+    earlier = subprocess.Popen(
+        ["bash", "-c", 'exec -a "python3 train.py" sleep 600'],
+        env={**os.environ, TAG_VAR: f"{launcher}@cpu/earlier"},
+    )
+    time.sleep(0.3)  # exec -a has replaced bash
+    tag = RunTag(launcher, "cpu", "now")
+    try:
+        run_step(ClaimRun(str(tag), str(tmp_path)), {})
+    finally:
+        earlier.kill()
+        earlier.wait()
+        ownership.release(tag)
+    assert "stopped 1 processes left by an earlier run of launchers/x.py on cpu" in (
+        capsys.readouterr().err
+    )

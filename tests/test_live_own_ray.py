@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import time
@@ -16,6 +17,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import grpc
+import psutil
 import pytest
 
 from harness import ownership
@@ -43,6 +46,30 @@ def submit_without_token(dashboard_port: int) -> int:
         return err.code
 
 
+def routable_address() -> str:
+    """An address of this node other than loopback, as a network peer reaches it (loopback
+    where it has none)."""
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return address.address
+    return "127.0.0.1"
+
+
+def gcs_status(address: str, token: str | None) -> grpc.StatusCode:
+    """The status of a GCS request (the cluster id) sent with `token`, or with none."""
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    with grpc.insecure_channel(address) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), metadata=metadata, timeout=10)
+        except grpc.RpcError as err:
+            return err.code()
+    return grpc.StatusCode.OK
+
+
 NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")  # another local user
 
 
@@ -55,7 +82,16 @@ def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
     ports = LauncherPorts.draw()
     tag = RunTag(f"{CHECKOUT}/launchers/cpu/run_tiny_qwen3_lora.py", "cpu", "sigterm")
     log = tmp_path / "launcher.log"
-    launcher = launch(tmp_path, "sigterm", log, ports, "--num-rollout", "1000")
+    users_token = "a-token-of-the-users-shell"  # exported for another cluster: not this run's
+    launcher = launch(
+        tmp_path,
+        "sigterm",
+        log,
+        ports,
+        "--num-rollout",
+        "1000",
+        env={"RAY_AUTH_TOKEN": users_token},
+    )
     bystanders: list[subprocess.Popen[bytes]] = []
     try:
         deadline = time.time() + 180
@@ -67,8 +103,18 @@ def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
         token = Path(tag.token_path).read_text()
         run_processes = ownership.of_run(tag, ownership.processes())
         assert run_processes, "the job runs on the run's own Ray"
-        for seen in run_processes:
-            assert token not in seen.cmdline and token not in str(seen.environ)
+        hidden = (token, users_token, *SECRETS.values())
+        for (
+            seen
+        ) in run_processes:  # argv and /proc/PID/environ: readable by any process of the user
+            assert not any(value in seen.cmdline or value in str(seen.environ) for value in hidden)
+
+        # A network peer reaches the GCS (Ray binds it on every interface) and is refused
+        # without the token.
+        address = f"{routable_address()}:{ports.ray}"
+        assert gcs_status(address, None) == grpc.StatusCode.UNAUTHENTICATED
+        assert gcs_status(address, users_token) == grpc.StatusCode.UNAUTHENTICATED
+        assert gcs_status(address, token) == grpc.StatusCode.OK
 
         # Another local user: the run's dir is private, though Ray made its own dir 0777.
         run_dir = Path(tag.run_dir)
@@ -105,7 +151,7 @@ def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
         refusal = (tmp_path / "second.log").read_text()
         errors = [line for line in refusal.splitlines() if "error" in line]
         assert len(errors) == 1 and "run 'sigterm' (launcher pid " in errors[0], refusal[-2000:]
-        assert "is in progress" in errors[0] and "Traceback" not in refusal
+        assert "in progress" in errors[0] and "Traceback" not in refusal
         steps = log.read_text().count("\nstep ")
         while log.read_text().count("\nstep ") < steps + 2:  # the first run trains on
             assert launcher.poll() is None, log.read_text()[-3000:]

@@ -150,3 +150,30 @@ def test_a_run_whose_ray_is_killed_from_outside_says_why(tmp_path):
     assert "gcs_server, raylet, dashboard ended" in errors[0]
     assert "Traceback" not in text
     assert left == [], "the rest of the run's Ray was not released"
+
+
+def test_a_killed_launcher_takes_its_job_its_ray_and_its_secrets_with_it(tmp_path):
+    """SIGKILL (the OOM killer, ``kill -9``) gives the launcher no chance to clean up: the
+    run's lease does it, so the job does not train on unattended and the file of the job's
+    secrets and the run's token do not stay behind."""
+    tag = RunTag(FILE, "cpu", "sigkill")
+    log = tmp_path / "launcher.log"
+    launcher = start_launcher(tmp_path, "sigkill", LauncherPorts.draw())
+    try:
+        wait_for_training(launcher, log)
+        assert Path(tag.run_dir, "job_env").exists() and Path(tag.token_path).exists()
+        launcher.kill()
+        launcher.wait(timeout=10)
+        killed = time.monotonic()
+        while (left := ownership.of_run(tag, ownership.processes())) or Path(tag.run_dir).exists():
+            assert time.monotonic() - killed < 60, [s.cmdline[:80] for s in left]
+            time.sleep(0.5)
+        took = time.monotonic() - killed
+        metrics = tmp_path / "outputs" / "sigkill" / "metrics.jsonl"
+        logged = metrics.read_text()
+        time.sleep(3)
+        assert metrics.read_text() == logged, "the job trains on"
+    finally:
+        launcher.kill()
+        ownership.release(tag)
+    print(f"SIGKILL: the run released {took:.1f} s after its launcher died")

@@ -19,6 +19,7 @@ from harness.steps import (
     ClaimRun,
     RayJobSubmit,
     RayStart,
+    VerifyRay,
     WaitForCluster,
     WaitForHead,
     train_py_argv,
@@ -54,12 +55,12 @@ def test_in_a_slurm_allocation_the_head_waits_for_every_node():
     slurm = {"SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "mi[10-11]"}
     assert run(AMD, ["train", "--run-id", "r"], live=spy, host=live_host(**slurm)) == 0
     steps = spy.plans[0].steps
-    assert [type(s) for s in steps] == [ClaimRun, RayStart, WaitForCluster, RayJobSubmit]
-    wait = steps[2]
+    assert [type(s) for s in steps] == [ClaimRun, RayStart, VerifyRay, WaitForCluster, RayJobSubmit]
+    wait = steps[3]
     assert (wait.nodes, wait.gpus, wait.address) == (2, 16, "127.0.0.1:6379")
     assert steps[1].node_ip_address is None, "several nodes: bound beyond localhost"
     assert steps[1].token_path == wait.token_path == "/home/u/outputs/r/ray/auth_token"
-    job = steps[3]
+    job = steps[4]
     assert job.entrypoint[job.entrypoint.index("--actor-num-nodes") + 1] == "2"
 
     spy = Spy()

@@ -63,7 +63,7 @@ def _expected_train_changes(nodes: int = 1) -> set[Change]:
     changes = {HARDWARE}
     changes |= {Change("flag", "changed", name, *values, JOB) for name, values in flags.items()}
     changes |= _rocm_removed("ray_start head", JOB)
-    changes |= _tag_changes(("claim_run", "ray_start head"))
+    changes |= _tag_changes(("claim_run", "ray_start head", "verify_ray", JOB))
     if nodes == 1:  # the token and the job's secrets live in the run's dir, named from the tag
         old, new = (tag.token_path for tag in _tags())
         changes.add(Change("setting", "changed", "auth_token_path", old, new, JOB))

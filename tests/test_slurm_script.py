@@ -130,3 +130,31 @@ def test_a_hostile_path_reaches_sbatch_and_the_launchers_intact(tmp_path, stub_b
         index = argv.index("--output-dir")
         assert argv[index : index + 4] == options
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_the_script_holds_no_secret_and_passes_them_by_name(tmp_path, stub_bin, capsys):
+    """``--extra-env MY_SERVICE_TOKEN=...`` becomes ``--pass-env MY_SERVICE_TOKEN``: Slurm
+    hands the variable from the submitting environment to the job; the script stops at once,
+    naming it, where it was not exported. Nothing else of the option changes."""
+    secret = "s3cr3t-value-of-the-service"
+    argv = ["sbatch", "--num-nodes", "2", "--run-id", "r", "--output-dir", str(tmp_path)]
+    extra = ["--extra-env", f"LOG_LEVEL=debug,MY_SERVICE_TOKEN={secret}", "--pass-env", "HF_TOKEN"]
+    for dry_run in (["--dry-run"], []):
+        assert run(CPU, [*argv, *extra, *dry_run]) == 0
+        out, _ = capsys.readouterr()
+        assert secret not in out
+    script = (tmp_path / "r" / "sbatch.sh").read_text()
+    assert secret not in script
+    assert "--extra-env LOG_LEVEL=debug --pass-env HF_TOKEN,MY_SERVICE_TOKEN" in script
+    env = {
+        **os.environ,
+        "PATH": f"{stub_bin}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node-[0-1]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "HF_TOKEN": "hf_x",
+    }
+    env.pop("MY_SERVICE_TOKEN", None)
+    done = subprocess.run(["bash", str(tmp_path / "r" / "sbatch.sh")], env=env, text=True,
+                          capture_output=True)  # fmt: skip
+    assert done.returncode != 0 and list((tmp_path / "calls").iterdir()) == []
+    assert done.stderr.strip().endswith("MY_SERVICE_TOKEN: export MY_SERVICE_TOKEN before sbatch")

@@ -142,6 +142,7 @@ def test_a_jobs_secret_file_renders_as_a_private_write_with_redacted_values():
         {"env_vars": {"GRPO_JOB_ENV_FILE": "/tmp/grpo-1-2/job_env"}},
         token,
         {"WANDB_API_KEY": "sk-real", "HF_TOKEN": "hf_real"},
+        "/c/launchers/x.py@cpu/r",
     )
     assert step.env_file == "/tmp/grpo-1-2/job_env"
     lines = step.render().splitlines()
@@ -158,6 +159,8 @@ def test_a_jobs_secret_file_renders_as_a_private_write_with_redacted_values():
     }
     with pytest.raises(ValueError, match="secret_env needs the private dir"):
         RayJobSubmit("http://h:8265", ("python3", "train.py"), secret_env={"HF_TOKEN": "x"})
+    with pytest.raises(ValueError, match="token goes only to the Ray of run `tag`"):
+        RayJobSubmit("http://h:8265", ("python3", "train.py"), auth_token_path=token)
 
 
 def test_to_dict_is_structured_and_redacted():

@@ -64,7 +64,7 @@ def test_cpu_launcher_full_train_runs_live_and_the_reward_rises(
     assert foreign_jobs.list_jobs() == [], "the job went to the foreign Ray"
     tag = RunTag(LAUNCHER_FILE, "cpu", "e2e")
     assert ownership.of_run(tag, ownership.processes()) == [], "this run's Ray was not stopped"
-    (submitted,) = [line for line in err.splitlines() if line.startswith("==> step 4/5: ")]
+    (submitted,) = [line for line in err.splitlines() if line.startswith("==> step 5/6: ")]
     assert "RAY_AUTH_MODE=token" in submitted and "ray job submit" in submitted
 
     run_dir = tmp_path / "outputs" / "e2e"

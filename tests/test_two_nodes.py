@@ -95,8 +95,10 @@ def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
 
 
 def test_a_cluster_that_never_reaches_its_size_ends_in_one_line(tmp_path):
+    tiny.build(tmp_path / "models" / "tiny-qwen3", tmp_path / "data" / "tiny-task", seed=0)
     argv = [
         "--num-nodes", "2", "--cluster-timeout", "2", "--run-id", "alone",
+        "--model-dir", str(tmp_path / "models"), "--data-dir", str(tmp_path / "data"),
         "--output-dir", str(tmp_path / "outputs"), *LauncherPorts.draw().argv(),
         "--ray-num-cpus", "1",
     ]  # fmt: skip

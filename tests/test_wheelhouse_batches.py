@@ -69,6 +69,30 @@ def test_install_into_a_target_and_through_a_stash(tmp_path, wheels, capsys):
     assert (site / "mid" / "m.bin").is_file()
 
 
+def test_the_stash_never_follows_a_symlink(tmp_path, wheels, capsys):
+    """A symlink in a batch (to /etc/shadow, say) is refused, not copied into the stash; one
+    planted in the stash is replaced, its victim untouched."""
+    out = tmp_path / "wh"
+    write_batches(wheels, out, batch_mib=1)
+    first = batch_folders(out)[0]
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    stash = tmp_path / "stash"
+    stash.mkdir()
+    (stash / "manifest.json").symlink_to(victim)
+    assert main(["install", str(first), "--stash", str(stash)]) == 0
+    capsys.readouterr()
+    assert victim.read_text() == "precious\n" and not (stash / "manifest.json").is_symlink()
+
+    secret = tmp_path / "secret"
+    secret.write_text("root:hash\n")
+    (first / "zz-shadow").symlink_to(secret)
+    assert main(["install", str(first), "--stash", str(stash)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{first / 'zz-shadow'} is a symlink" in err
+    assert not (stash / "zz-shadow").exists()
+
+
 def test_a_second_wheelhouse_keeps_the_first_ones_scripts(tmp_path, capsys):
     """pip's `--upgrade --target` replaces the whole bin folder: a node that installed Ray's
     wheelhouse, then SGLang's, lost the `ray` command."""

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from owned_files import NotPrivate, owned_dir, write_atomic
 from wheelhouse.batches import MANIFEST, MANIFEST_FORMAT, WheelhouseError, sha256
 from wheelhouse.merge import merge_into
 
@@ -114,12 +116,20 @@ def check_complete(manifest: dict, present: set[str]) -> None:
 
 
 def stash(folders: list[Path], into: Path) -> None:
-    """Copy the batches' files (and manifest) into the stash folder."""
-    into.mkdir(parents=True, exist_ok=True)
+    """Copy the batches' files (and manifest) into the stash folder, which only this user may
+    change. A symlink in a batch could name any file of the node: refused. A file is written
+    beside its place in the stash and renamed over it, never through a symlink there."""
+    try:
+        owned_dir(into)
+    except NotPrivate as err:
+        raise WheelhouseError(f"--stash {into}: {err}") from None
     for folder in folders:
         for path in sorted(folder.iterdir()):
-            if path.is_file():
-                shutil.copyfile(path, into / path.name)
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise WheelhouseError(f"{path} is a symlink; a batch holds files only")
+            if stat.S_ISREG(mode):
+                write_atomic(into / path.name, path.read_bytes())
 
 
 def assemble(manifest: dict, folders: list[Path], work: Path) -> list[Path]:

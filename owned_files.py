@@ -8,7 +8,7 @@ this user (and root) can change it and every directory above it (`check_parents`
 are never opened through a symlink: each is written to a fresh temporary file created
 exclusively beside it and renamed over it (`write_atomic`), which replaces a symlink at the
 path instead of following it, and leaves the old file or the new one, never half of one.
-Standard library only: the launcher and the trainer's processes both use it.
+Standard library only: the launcher, the trainer and the wheelhouse on a bare node use it.
 """
 
 from __future__ import annotations
