@@ -192,29 +192,27 @@ class StepLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
-        self.pending = ""
+        self.pending = b""
 
-    def next(self, running: threading.Thread) -> tuple[dict[str, Any], float]:
-        """The next step's record and the time it landed; raises where verl stopped first."""
+    def next(self, finished: threading.Event) -> tuple[dict[str, Any], float] | None:
+        """The next step's record and the time it landed; None where verl finished first."""
         while True:
+            done = finished.is_set()  # before reading: a step logged just before it still counts
             record = self._read()
             if record is not None:
                 return record, time.perf_counter()
-            if not running.is_alive():
-                record = self._read()
-                if record is not None:
-                    return record, time.perf_counter()
-                raise RuntimeError("verl stopped before it logged its next step")
+            if done:
+                return None
             time.sleep(POLL_S)
 
     def _read(self) -> dict[str, Any] | None:
         if not self.path.exists():
             return None
-        with open(self.path, encoding="utf-8") as f:
+        with open(self.path, "rb") as f:
             f.seek(self.offset)
             self.pending += f.read()
             self.offset = f.tell()
-        line, newline, rest = self.pending.partition("\n")
+        line, newline, rest = self.pending.partition(b"\n")
         if not newline:
             return None
         self.pending = rest
@@ -224,9 +222,9 @@ class StepLog:
 def run(
     spec: Any, steps: int, conn: Any, memory: Any, versions: dict[str, str], prompts: list[str]
 ) -> int:
-    """The verl worker: verl trains `steps` steps on its own; every "step" command from the
-    parent is answered with the next step verl logged. Returns the actor's peak torch
-    allocation over the timed steps."""
+    """The verl worker: verl trains `steps` steps on its own, in this process's main thread (Ray
+    sets its signal handlers there); a thread answers every "step" command from the parent with
+    the next step verl logged. Returns the actor's peak torch allocation over the timed steps."""
     import ray
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -238,42 +236,40 @@ def run(
     config = compose(spec, steps)
     auto_set_device(config)
     validate_config(config, need_reference_policy(config), need_critic(config))
-    failure: list[BaseException] = []
-
-    def train() -> None:
-        try:
-            run_ppo(config, task_runner_class=TaskRunnerV1)
-        except BaseException as err:  # reported with the next step it failed to log
-            failure.append(err)
-
     log = StepLog(where["log"])
     rows = spec.prompts * spec.samples
-    records: list[dict[str, Any]] = []
-    conn.send(("ready", versions))
-    last = time.perf_counter()
-    trainer = threading.Thread(target=train, daemon=True)
-    trainer.start()
-    try:
-        for _ in range(steps):
+    records: list[dict[str, Any]] = []  # since the timed steps began
+    answered: list[int] = []
+    finished = threading.Event()
+
+    def answer() -> None:
+        last = time.perf_counter()  # the first step's time holds verl's start-up
+        for index in range(steps):
             command = conn.recv()
             if command == "reset":  # the timed steps begin: the peak and the actor's peak
                 memory.reset()
                 records.clear()
                 command = conn.recv()
             memory.watch()  # never paused: verl does not wait between steps
-            try:
-                record, landed = log.next(trainer)
-            except RuntimeError:
-                if failure:
-                    raise failure[0] from None
-                raise
+            found = log.next(finished)
+            if found is None:  # verl ended early: the main thread says why
+                return
+            record, landed = found
             records.append(record)
             conn.send(step_time(record, landed - last, rows, spec.prompt_len))
+            answered.append(index)
             last = landed
-        trainer.join()
-        if failure:
-            raise failure[0]
-        memory.pause()
+
+    conn.send(("ready", versions))
+    answering = threading.Thread(target=answer, daemon=True)
+    answering.start()
+    try:
+        run_ppo(config, task_runner_class=TaskRunnerV1)
     finally:
+        finished.set()
         ray.shutdown()
+    answering.join()
+    if len(answered) < steps:
+        raise RuntimeError(f"verl logged {len(answered)} of its {steps} steps")
+    memory.pause()
     return allocated(records)
