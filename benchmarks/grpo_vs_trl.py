@@ -1,4 +1,4 @@
-"""GRPO LoRA step time: this project against TRL's GRPOTrainer + PEFT, same work, one run.
+"""GRPO LoRA step time: this project against TRL's GRPOTrainer + PEFT, Unsloth and verl, same work.
 
 The workload (issue 10): a Qwen3-architecture model with random weights and a word-level
 tokenizer, both built locally: `--shape qwen3-0.6b` (the default; hidden 1024, 28 layers, 16
@@ -35,6 +35,25 @@ text's length).
   correction costs one no-grad forward over the rollout per step. Its phases: `sync_weights`
   (waking vLLM's discarded weights, merge, load, unmerge); the rest of generation is its rollout
   (waking the KV cache, generating, and putting vLLM back to sleep).
+* *unsloth* (CUDA only): Unsloth 2026.10.9's GRPO as its users run it: `FastLanguageModel.
+  from_pretrained(..., load_in_4bit=False, fast_inference=True, max_lora_rank=64)` (vLLM in the
+  worker's process at Unsloth's `gpu_memory_utilization` 0.5), `FastLanguageModel.get_peft_model`
+  (r 64, alpha 32, the seven projections), then TRL's GRPOTrainer as importing Unsloth patches it
+  (TRL 1.15: Unsloth allows <= 1.15.0), with trl-vllm's config less sleep mode: vLLM serves the
+  adapter on the training model's own base weights (no merge), which Unsloth loads into vLLM
+  before each generation (its `load_lora` phase). Gradient checkpointing is Unsloth's own
+  ("unsloth", offloaded) where `--gradient-checkpointing` asks for it, else off.
+* *verl* (CUDA only, `--one-at-a-time` only): verl 0.9.1's GRPO with LoRA from its default
+  `ppo_trainer` config on one GPU: FSDP actor, vLLM 0.24 in server mode serving the adapter
+  (`benchmarks/verl_system.py` says what it changes and how its steps are read: verl runs its
+  own loop in Ray, unpaced).
+
+`--gradient-checkpointing` turns each system's own activation recomputation on (ours
+`--gradient-checkpointing`, TRL's `gradient_checkpointing`, Unsloth's "unsloth", verl's
+`enable_gradient_checkpointing`): long responses (`--response-len 4096` or the seed's 8192 at
+`--shape qwen3-4b`) need it or smaller micro-batches. `--vllm-memory` sets the GPU share of the
+vLLM systems' engines (trl-vllm, unsloth, verl; otherwise each one's default: TRL 0.3, Unsloth
+and verl 0.5).
 
 Each system lives in its own worker process; after `--warmup` steps each, the parent makes them
 take their timed steps in turn (ours, trl, trl-vllm, ours, ...; `--trl-steps` etc. give one
@@ -56,9 +75,12 @@ per decode step).
     python benchmarks/grpo_vs_trl.py --systems ours,trl,trl-vllm --trl-vllm-path /tmp/site-vllm
     python benchmarks/grpo_vs_trl.py --device cpu --tiny   # tiny model, HF rollout, on CPU
     python benchmarks/grpo_vs_trl.py --shape qwen3-4b --systems ours,trl-vllm,trl --one-at-a-time
+    python benchmarks/grpo_vs_trl.py --shape qwen3-4b --response-len 8192 --one-at-a-time \
+      --systems ours,unsloth,verl --gradient-checkpointing --micro-batch 2 \
+      --unsloth-path /tmp/site-unsloth:/tmp/site-vllm --verl-path /tmp/site-verl:/tmp/site-ray
 
-Needs ``pip install -e '.[bench]'`` (trl, datasets) and, for the GPU systems, SGLang and vLLM
-(docs/offline-nodes.md: their wheelhouses).
+Needs ``pip install -e '.[bench]'`` (trl, datasets) and, for the GPU systems, SGLang, vLLM,
+Unsloth and verl (docs/offline-nodes.md: their wheelhouses).
 """
 
 from __future__ import annotations
@@ -88,7 +110,12 @@ from trainer.memory_estimate import DeviceMemory
 from trainer.tiny import SHAPES, parity
 
 GIB = 2**30
-SYSTEMS = ("ours", "trl", "trl-vllm")
+SYSTEMS = ("ours", "trl", "trl-vllm", "unsloth", "verl")
+VLLM_SYSTEMS = ("trl-vllm", "unsloth", "verl")
+# what each system's vLLM engine takes of the GPU where `--vllm-memory` is not given
+UNSLOTH_VLLM_MEMORY = 0.5  # FastLanguageModel.from_pretrained's default
+# the phase within a TRL-driven rollout that hands the adapter to vLLM
+ADAPTER_PHASE = {"trl-vllm": "sync_weights", "unsloth": "load_lora"}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # `--shape`: Qwen3-0.6B as released (`trainer.tiny`'s body with its 28 layers and 151,936
 # embeddings), and Qwen3-4B as released (the seed recipe's model).
@@ -133,10 +160,17 @@ class Spec:
     ours_flags: list[str] = field(default_factory=list)
     ours_memory: str = "release"  # an OURS_MEMORY key
     vllm_sleep: bool = True  # trl-vllm: vLLM's sleep mode (see the module's docstring)
+    gradient_checkpointing: bool = False  # every system's own (see the module's docstring)
+    vllm_memory: float | None = None  # the vLLM systems' GPU share; None: each one's default
 
     @property
     def model_shape(self) -> dict[str, Any]:
         return MODEL_SHAPES[self.shape]
+
+    @property
+    def max_positions(self) -> int:
+        """The model's context: prompt and response must fit it."""
+        return (SHAPES["tiny"] if self.tiny else self.model_shape)["max_position_embeddings"]
 
     @property
     def model_dir(self) -> str:
@@ -434,6 +468,8 @@ def ours_argv(spec: Spec, steps: int) -> list[str]:
     ]  # fmt: skip
     if cuda:
         argv.append("--colocate")
+    if spec.gradient_checkpointing:
+        argv.append("--gradient-checkpointing")
     if spec.rollout_backend == "sglang":
         argv += [*sglang_flags(spec), *OURS_MEMORY[spec.ours_memory]]
     return argv + spec.ours_flags
@@ -518,21 +554,25 @@ class Ours:
 
 
 def trl_config(spec: Spec, steps: int, kind: str) -> Any:
-    """The GRPOConfig of `kind` ("trl" or "trl-vllm"): the same workload, generated by
-    transformers or by vLLM colocated (see the module's docstring)."""
+    """The GRPOConfig of `kind` ("trl", "trl-vllm" or "unsloth"): the same workload, generated
+    by transformers or by vLLM colocated (see the module's docstring). For "unsloth", TRL's
+    GRPOConfig as importing Unsloth patches it: vLLM is the model's own `fast_inference`
+    engine, which Unsloth sizes and never puts to sleep."""
     from trl import GRPOConfig
 
     cuda = spec.device.startswith("cuda")
     rows = spec.prompts * spec.samples
     accumulation = rows // spec.micro_batch
-    if kind == "trl-vllm":
+    if kind in ADAPTER_PHASE:
         eos = build_tokenizer(spec, eos=True).eos_token_id
         generation: dict[str, Any] = {
             "use_vllm": True,
             "vllm_mode": "colocate",
-            "vllm_enable_sleep_mode": spec.vllm_sleep,
+            "vllm_enable_sleep_mode": spec.vllm_sleep and kind == "trl-vllm",
             "generation_kwargs": {"min_tokens": spec.response_len, "stop_token_ids": [eos]},
         }
+        if kind == "trl-vllm" and spec.vllm_memory is not None:
+            generation["vllm_gpu_memory_utilization"] = spec.vllm_memory
     else:
         generation = {"use_vllm": False, "generation_kwargs": {"min_new_tokens": spec.response_len}}
     return GRPOConfig(
@@ -547,7 +587,7 @@ def trl_config(spec: Spec, steps: int, kind: str) -> Any:
         temperature=1.0,
         beta=0.0,
         bf16=cuda,
-        gradient_checkpointing=False,
+        gradient_checkpointing=spec.gradient_checkpointing and kind != "unsloth",
         max_steps=steps,
         logging_steps=1,
         save_strategy="no",
@@ -560,8 +600,53 @@ def trl_config(spec: Spec, steps: int, kind: str) -> Any:
     )
 
 
+def unsloth_model_kwargs(spec: Spec) -> dict[str, Any]:
+    """`FastLanguageModel.from_pretrained`'s arguments: the random-weight model in bf16, not
+    quantized, vLLM in process (`fast_inference`) for rank-64 adapters. `fix_tokenizer` off: the
+    word-level tokenizer is complete as built (pad set, no EOS by design), nothing to repair."""
+    import torch
+
+    return {
+        "model_name": spec.model_dir,
+        "max_seq_length": spec.prompt_len + spec.response_len,
+        "dtype": torch.bfloat16,
+        "load_in_4bit": False,
+        "fast_inference": True,
+        "max_lora_rank": 64,
+        "gpu_memory_utilization": UNSLOTH_VLLM_MEMORY
+        if spec.vllm_memory is None
+        else spec.vllm_memory,
+        "fix_tokenizer": False,
+        "random_state": spec.seed,
+    }
+
+
+def unsloth_lora_kwargs(spec: Spec) -> dict[str, Any]:
+    """`FastLanguageModel.get_peft_model`'s arguments: the workload's adapter."""
+    return {
+        "r": 64,
+        "lora_alpha": 32,
+        "lora_dropout": 0.0,
+        "target_modules": TARGETS,
+        "bias": "none",
+        "use_gradient_checkpointing": "unsloth" if spec.gradient_checkpointing else False,
+        "random_state": spec.seed,
+    }
+
+
+def unsloth_model(spec: Spec) -> Any:
+    """Unsloth's model with its adapter and its vLLM engine. Imported before TRL, as Unsloth
+    asks: importing it patches TRL's GRPOTrainer and GRPOConfig."""
+    from unsloth import FastLanguageModel
+
+    model, _ = FastLanguageModel.from_pretrained(**unsloth_model_kwargs(spec))
+    return FastLanguageModel.get_peft_model(model, **unsloth_lora_kwargs(spec))
+
+
 def run_trl(spec: Spec, kind: str, steps: int, conn: Any, memory: PeakMemory) -> None:
-    """TRL's own training loop, paced by the parent: each step waits for its "step" command."""
+    """TRL's own training loop (for "unsloth", as Unsloth patches it), paced by the parent:
+    each step waits for its "step" command."""
+    model = unsloth_model(spec) if kind == "unsloth" else None
     import datasets
     import torch
     from peft import LoraConfig
@@ -572,11 +657,17 @@ def run_trl(spec: Spec, kind: str, steps: int, conn: Any, memory: PeakMemory) ->
     tokenizer = build_tokenizer(spec, eos=True)
     tokenizer.padding_side = "left"
     dtype = torch.bfloat16 if cuda else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(spec.model_dir, dtype=dtype).to(spec.device)
+    peft_config = None  # Unsloth's adapter is in place already
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(spec.model_dir, dtype=dtype).to(spec.device)
+        peft_config = LoraConfig(
+            r=64, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM"
+        )
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     dataset = datasets.Dataset.from_dict({"prompt": prompts_of(spec)})
-    timing: dict[str, float] = {}
+    # a step's times; the adapter's hand-over may run before the first step (at start-up) too
+    timing: dict[str, float] = {"sync": 0.0}
 
     class Pace(TrainerCallback):
         def on_step_begin(self, *_: Any, **__: Any) -> None:
@@ -600,18 +691,30 @@ def run_trl(spec: Spec, kind: str, steps: int, conn: Any, memory: PeakMemory) ->
                 rollout_s=timing["rollout"] - timing["sync"],
                 response_tokens=responses,
                 total_tokens=responses + rows * spec.prompt_len,
-                phases={"sync_weights": timing["sync"]} if kind == "trl-vllm" else {},
+                phases={ADAPTER_PHASE[kind]: timing["sync"]} if kind in ADAPTER_PHASE else {},
             )
             memory.pause()
             memory.idle()
             conn.send(asdict(step))
 
+    def timed_adapter(hand_over: Any) -> Any:
+        """`hand_over` (the adapter into vLLM), its time added to the step's `sync`."""
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            synchronize(spec.device)
+            started = time.perf_counter()
+            out = hand_over(*args, **kwargs)
+            synchronize(spec.device)
+            timing["sync"] += time.perf_counter() - started
+            return out
+
+        return timed
+
     def length_parity(completions: list[str], **_: Any) -> list[float]:
         return [parity(completion) for completion in completions]
 
-    peft_config = LoraConfig(
-        r=64, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM"
-    )
+    if kind == "unsloth":  # within the rollout: Unsloth hands the adapter to vLLM
+        model.load_lora = timed_adapter(model.load_lora)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=length_parity,
@@ -634,16 +737,7 @@ def run_trl(spec: Spec, kind: str, steps: int, conn: Any, memory: PeakMemory) ->
 
     trainer._generate_single_turn = timed_generate
     if kind == "trl-vllm":  # within the rollout: the adapter merged into vLLM's weights
-        sync = trainer.vllm_generation.sync_weights
-
-        def timed_sync() -> None:
-            synchronize(spec.device)
-            started = time.perf_counter()
-            sync()
-            synchronize(spec.device)
-            timing["sync"] += time.perf_counter() - started
-
-        trainer.vllm_generation.sync_weights = timed_sync
+        trainer.vllm_generation.sync_weights = timed_adapter(trainer.vllm_generation.sync_weights)
     trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts on stdout
     conn.send(("ready", package_versions()))
     trainer.train()
@@ -666,7 +760,8 @@ def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for name in ("torch", "transformers", "peft", "trl", "datasets", "sglang", "vllm"):
+    names = ("torch", "transformers", "peft", "trl", "datasets", "sglang", "vllm")
+    for name in (*names, "unsloth", "unsloth_zoo", "verl", "ray"):
         try:
             found[name] = version(name)
         except PackageNotFoundError:
@@ -682,8 +777,14 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, path: list[str], co
         import torch
 
         memory = PeakMemory(spec.device, baseline)
-        if kind in ("trl", "trl-vllm"):
+        allocated = None
+        if kind in ("trl", "trl-vllm", "unsloth"):
             run_trl(spec, kind, steps, conn, memory)
+        elif kind == "verl":
+            from benchmarks import verl_system
+
+            versions = package_versions()
+            allocated = verl_system.run(spec, steps, conn, memory, versions, prompts_of(spec))
         else:
             system = Ours(spec, steps)
             try:
@@ -702,7 +803,8 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, path: list[str], co
                     conn.send(asdict(step))
             finally:  # SGLang's engine processes end with it, on a failure too
                 system.close()
-        allocated = torch.cuda.max_memory_allocated() if spec.device.startswith("cuda") else 0
+        if allocated is None:  # verl's actor is in Ray's processes: it says its own
+            allocated = torch.cuda.max_memory_allocated() if spec.device.startswith("cuda") else 0
         peak = memory.stop()
         conn.send(("memory", peak, memory.peak_own, allocated, memory.per_process))
     except UsageError as err:  # ours' argv, e.g. a bad --ours-flags: one line
@@ -724,6 +826,16 @@ class WorkerFailed(Exception):
     def reason(self) -> str:
         """The traceback's last line: the exception (e.g. CUDA's out of memory)."""
         return self.details.splitlines()[-1] if self.details else "no details"
+
+
+# how the systems say that the GPU is too small: torch's allocator, and vLLM's start-up when its
+# share leaves no room for the KV cache
+OUT_OF_MEMORY = ("out of memory", "OutOfMemoryError", "No available memory for the cache blocks")
+
+
+def out_of_memory(details: str) -> bool:
+    """Whether a worker's traceback says the system did not fit the device."""
+    return any(sign in details for sign in OUT_OF_MEMORY)
 
 
 class Worker:
@@ -876,6 +988,11 @@ def report(
         print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()))
     if "trl-vllm" in results:
         print(f"trl-vllm: vLLM's sleep mode {'on' if spec.vllm_sleep else 'off'}")
+    if "verl" in results:
+        print(
+            "verl: its own loop, unpaced: a step is the wall time between two of its logged "
+            "steps (start-up in its first warm-up step); torch alloc: its FSDP actor's peak"
+        )
     print(
         "systems: one at a time, each alone on the device"
         if alone
@@ -884,7 +1001,8 @@ def report(
     print(
         f"{spec.prompts} prompts x {spec.samples} samples, {spec.prompt_len} prompt + "
         f"{spec.response_len} response tokens, LoRA r=64 all-linear, "
-        f"{'tiny model' if spec.tiny else spec.shape + ' shape'}, {spec.device}"
+        f"{'tiny model' if spec.tiny else spec.shape + ' shape'}, {spec.device}, gradient "
+        f"checkpointing {'on' if spec.gradient_checkpointing else 'off'}"
     )
     header = (
         f"{'system':<8} {'steps':>5} {'median s':>9} {'min s':>8} {'max s':>8} "
@@ -893,7 +1011,8 @@ def report(
     print(header)
     for name, r in results.items():
         if "failed" in r:
-            print(f"{name:<8} failed at {r['stage']}: {r['failed']}")
+            verdict = "does not fit (out of memory)" if r["out_of_memory"] else "failed"
+            print(f"{name:<8} {verdict} at {r['stage']}: {r['failed']}")
             continue
         s = r["summary"]
         peak = f"{r['peak'] / GIB:.2f}"
@@ -942,15 +1061,27 @@ INSTALL = {
     "pynvml": "pip install nvidia-ml-py",
     "peft": "pip install -e '.[portable]'",
     "transformers": "pip install -e '.[portable]'",
+    "unsloth": "Unsloth's wheels in their own target for --unsloth-path, with vLLM's "
+    "(constraints/unsloth-2026.10.9-trl-1.15.txt, docs/offline-nodes.md)",
+    "unsloth_zoo": "Unsloth's wheels (constraints/unsloth-2026.10.9-trl-1.15.txt)",
+    "verl": "verl's wheels in their own target for --verl-path, with Ray's "
+    "(constraints/verl-0.9.1-vllm-0.24.0.txt, docs/offline-nodes.md)",
+    "hydra": "verl's wheels (constraints/verl-0.9.1-vllm-0.24.0.txt)",
+    "pandas": "verl's wheels (constraints/verl-0.9.1-vllm-0.24.0.txt)",
+    "ray": "Ray's wheels, e.g. on --verl-path (docs/offline-nodes.md)",
 }
 
 
 def needed_modules(spec: Spec, kind: str) -> list[str]:
     needed = ["psutil", "peft", "transformers"]
-    if kind != "ours":
+    if kind in ("trl", "trl-vllm", "unsloth"):
         needed += ["trl", "datasets"]
-    if kind == "trl-vllm":
+    if kind in VLLM_SYSTEMS:
         needed.append("vllm")
+    if kind == "unsloth":
+        needed += ["unsloth", "unsloth_zoo"]
+    if kind == "verl":
+        needed += ["verl", "ray", "hydra", "pandas"]
     if kind == "ours" and spec.rollout_backend == "sglang":
         needed.append("sglang")
     if spec.device.startswith("cuda"):
@@ -1024,14 +1155,29 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         help="trl-vllm: vLLM's sleep mode during training (default: on side by side, where "
         "the three systems' memory needs it; off with --one-at-a-time)",
     )
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="every system recomputes activations in backward, each its own way (long responses)",
+    )
+    parser.add_argument(
+        "--vllm-memory",
+        type=float,
+        help="GPU share of the vLLM engines of trl-vllm, unsloth and verl (default: each one's "
+        f"own: TRL 0.3, Unsloth {UNSLOTH_VLLM_MEMORY}, verl 0.5)",
+    )
     parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     options = parser.parse_args(argv)
     systems = [s.strip() for s in options.systems.split(",") if s.strip()]
     if not systems or any(s not in SYSTEMS for s in systems):
         parser.error(f"--systems {options.systems!r}: a comma list of {', '.join(SYSTEMS)}")
-    if "trl-vllm" in systems and options.device != "cuda":
-        parser.error("--systems trl-vllm: vLLM needs --device cuda")
+    for kind in (k for k in systems if k in VLLM_SYSTEMS and options.device != "cuda"):
+        parser.error(f"--systems {kind}: vLLM needs --device cuda")
+    if "verl" in systems and not options.one_at_a_time:
+        parser.error("--systems verl: verl runs its own loop unpaced, so it needs --one-at-a-time")
+    if options.vllm_memory is not None and not 0 < options.vllm_memory <= 1:
+        parser.error(f"--vllm-memory {options.vllm_memory}: a share of the GPU, in (0, 1]")
     options.systems = systems
     if options.warmup is None:
         options.warmup = 1 if options.tiny else 2
@@ -1064,7 +1210,15 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         vllm_sleep=(
             not options.one_at_a_time if options.vllm_sleep is None else options.vllm_sleep
         ),
+        gradient_checkpointing=options.gradient_checkpointing,
+        vllm_memory=options.vllm_memory,
     )
+    if spec.prompt_len + spec.response_len > spec.max_positions:
+        model = "the tiny model" if spec.tiny else f"the {spec.shape} shape"
+        parser.error(
+            f"--prompt-len {spec.prompt_len} + --response-len {spec.response_len} tokens: over "
+            f"the {spec.max_positions} positions of {model}"
+        )
     missing = missing_packages(spec, options.paths)
     if missing:
         parser.exit(
@@ -1189,7 +1343,11 @@ def run_one_at_a_time(
             results[kind] = result_of(w, times)
         except WorkerFailed as failure:
             print(f"{kind}: failed at {stage}: {failure.reason}", flush=True)
-            results[kind] = {"failed": failure.reason, "stage": stage}
+            results[kind] = {
+                "failed": failure.reason,
+                "stage": stage,
+                "out_of_memory": out_of_memory(failure.details),
+            }
         finally:
             if kind in workers:
                 workers.pop(kind).stop()  # its memory free before the next system starts
