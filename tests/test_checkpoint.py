@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -261,3 +262,31 @@ def test_a_planted_pickle_is_never_loaded(tiny_dirs, tmp_path):  # noqa: F811
     with pytest.raises(checkpoint.CheckpointError, match="no trainer state to resume"):
         trainers.trainer.load(path)
     assert not marker.exists(), "the planted pickle ran"
+
+
+SAVE_ADAPTER = """
+import sys
+from pathlib import Path
+from trainer.arguments import parse_args
+from trainer.backends.peft_trainer import create
+
+config = parse_args(["--hf-checkpoint", sys.argv[1], "--prompt-data", "p.jsonl", "--device", "cpu"])
+create(config, "cpu", total_steps=1).save(Path(sys.argv[2]))
+"""
+
+
+def test_the_saved_adapter_does_not_depend_on_the_process_hash_seed(tiny_dirs, tmp_path):  # noqa: F811
+    """``all-linear`` resolves to a set of module names, which PEFT saved in the hash seed's
+    order: a resumed run (another process) wrote another adapter_config.json than the run
+    uninterrupted."""
+    model, _ = tiny_dirs
+    for seed in ("1", "2"):
+        subprocess.run(
+            [sys.executable, "-c", SAVE_ADAPTER, str(model), str(tmp_path / seed)],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            check=True,
+            capture_output=True,
+        )
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        one, other = (tmp_path / seed / "adapter" / name for seed in ("1", "2"))
+        assert one.read_bytes() == other.read_bytes(), name

@@ -61,6 +61,17 @@ def _json_safe(config: dict[str, Any]) -> dict[str, Any]:
     return safe
 
 
+def _sort_sets(config: Any) -> None:
+    """Sets in PEFT's LoRA config (``all-linear`` resolves to a set of module names) become
+    sorted lists: a set is saved in ``adapter_config.json`` in an order that changes with each
+    process's hash seed, so a resumed run's adapter would differ from the uninterrupted run's.
+    PEFT matches module names against a list as against a set."""
+    for field in fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, set):
+            setattr(config, field.name, sorted(value))
+
+
 def _enable_activation_checkpointing(model: Any) -> None:
     """Non-reentrant checkpointing of every decoder layer (transformers 5 renamed the call)."""
     kwargs = {"use_reentrant": False}
@@ -125,6 +136,7 @@ class PeftPolicyTrainer:
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.compute_dtype)
         torch.manual_seed(seed)
         self.model = get_peft_model(base, peft_lora_config(lora)).to(self.device)
+        _sort_sets(self.model.peft_config["default"])
         self.merged = MergedPolicy(self.model, self.compute_dtype) if merged else None
         if gradient_checkpointing:
             _enable_activation_checkpointing(base)
