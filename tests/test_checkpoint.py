@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -290,3 +291,28 @@ def test_the_saved_adapter_does_not_depend_on_the_process_hash_seed(tiny_dirs, t
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         one, other = (tmp_path / seed / "adapter" / name for seed in ("1", "2"))
         assert one.read_bytes() == other.read_bytes(), name
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_full_disk_stops_train_py_in_one_line(tiny_dirs, tmp_path, small_disk, private_ray):  # noqa: F811
+    """Through train.py and Ray: the trainer's actor hits the full disk, the job ends with the
+    one line (exit 1), and nothing of the checkpoint is left."""
+    model, data = tiny_dirs
+    ckpt = small_disk / "ckpt"
+    argv = recipe_argv(model, data, tmp_path / "out", "--num-rollout", "1", "--save", str(ckpt))
+    done = subprocess.run(
+        [sys.executable, "train.py", *argv],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, **private_ray.env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert errors == [
+        f"train.py: error: saving {ckpt / 'iter_0000001'} failed: Error while serializing: I/O "
+        "error: No space left on device (os error 28); the checkpoints before it are whole"
+    ], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and list(ckpt.iterdir()) == []

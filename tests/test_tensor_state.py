@@ -40,6 +40,7 @@ def assert_same(a, b, path="state"):
 
 def round_trip(state, tmp_path: Path):
     tensor_state.save(state, tmp_path / "state")
+    tensor_state.check(tmp_path / "state")
     return tensor_state.load(tmp_path / "state")
 
 
@@ -145,7 +146,9 @@ def test_the_files_are_data_a_person_can_read(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "value", [object(), {1.5: 1}, {True: 1}, {"f": lambda: 0}, torch.float32], ids=repr
+    "value",
+    [object(), {1.5: 1}, {True: 1}, {"f": lambda: 0}, torch.float32],
+    ids=["object", "float key", "bool key", "function", "dtype"],
 )
 def test_a_value_that_is_not_data_is_refused_when_saving(tmp_path, value):
     with pytest.raises(TypeError, match="cannot be saved as data"):
@@ -166,9 +169,10 @@ def test_a_value_that_is_not_data_is_refused_when_saving(tmp_path, value):
 def test_a_skeleton_save_cannot_write_is_one_line(tmp_path, skeleton, reason):
     tensor_state.save({}, tmp_path / "s")
     (tmp_path / "s.json").write_text(json.dumps({"format": tensor_state.FORMAT, "state": skeleton}))
-    with pytest.raises(tensor_state.StateFormatError) as raised:
-        tensor_state.load(tmp_path / "s")
-    assert str(raised.value) == f"{tmp_path / 's.json'}: {reason}"
+    for read in (tensor_state.load, tensor_state.check):  # check: without reading tensors
+        with pytest.raises(tensor_state.StateFormatError) as raised:
+            read(tmp_path / "s")
+        assert str(raised.value) == f"{tmp_path / 's.json'}: {reason}"
 
 
 def test_a_file_of_another_format_is_one_line(tmp_path):

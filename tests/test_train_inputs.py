@@ -216,6 +216,15 @@ def test_bad_inputs_are_one_line_before_anything_starts(tiny_dirs, saved_run, tm
             damaged_checkpoint("adapter/adapter_model.safetensors"),
             f"{latest}/adapter/adapter_model.safetensors: not a complete safetensors file",
         ),
+        "adapter missing": (
+            damaged_checkpoint("adapter/adapter_model.safetensors", Path.unlink),
+            f"{latest}/adapter/adapter_model.safetensors: missing; resume from another "
+            "checkpoint, or start without --load",
+        ),
+        "trainer state missing": (
+            damaged_checkpoint("trainer_state.safetensors", Path.unlink),
+            f"{latest}: no trainer state to resume (",
+        ),
         "a planted pickle of the old format": (
             damaged_checkpoint("trainer_state.pt", planting(marker)),
             f"{latest}/trainer_state.pt: a torch.save (pickle) file of an earlier version, "
@@ -224,7 +233,7 @@ def test_bad_inputs_are_one_line_before_anything_starts(tiny_dirs, saved_run, tm
         ),
         "output dir that cannot be made": (
             [*argv(), "--output-dir", str(blocker / "out")],
-            f"--output-dir {blocker / 'out'}: cannot write there ({blocker} is not a directory)",
+            f"--output-dir {blocker / 'out'}: cannot write there (Not a directory)",
         ),
         "output dir others may write to": (
             [*argv(), "--output-dir", str(shared_out)],

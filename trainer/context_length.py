@@ -24,6 +24,8 @@ class Tokenizer(Protocol):
 def model_context(model_dir: Path) -> int | None:
     """``max_position_embeddings`` of the model's ``config.json`` (of its text model for a
     multimodal one), or None when it does not say."""
+    if not (model_dir / "config.json").is_file():
+        return None
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     config = config.get("text_config", config)
     limit = config.get("max_position_embeddings")

@@ -8,6 +8,7 @@ start-up. Only headers, small JSON files and directories are read, and nothing i
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterable
@@ -55,15 +56,16 @@ def first_problem(paths: Iterable[Path]) -> str | None:
 
 
 def writable_dir_problem(path: Path) -> str | None:
-    """Why directory `path` could not be made (with its parents) and written, or None; makes
-    nothing (the run makes it when it starts)."""
+    """Why directory `path` could not be made (with its parents) and written, or None. Makes
+    nothing: the deepest part of `path` that exists must be a directory this process may
+    write into (the run makes the rest when it starts)."""
     existing = path.absolute()
     while not os.path.lexists(existing):
         existing = existing.parent
     if not existing.is_dir():
-        return f"cannot write there ({existing} is not a directory)"
+        return f"cannot write there ({os.strerror(errno.ENOTDIR)})"
     if not os.access(existing, os.W_OK | os.X_OK):
-        return f"cannot write there ({existing}: permission denied)"
+        return f"cannot write there ({os.strerror(errno.EACCES)})"
     return None
 
 

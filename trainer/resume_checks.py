@@ -97,6 +97,8 @@ def adapter_problem(adapter_dir: Path, lora: LoraConfig) -> str | None:
                 f"resume with {flag} {saved[key]:g}, or start without --load"
             )
     adapter_file = adapter_dir / ADAPTER_FILE
+    if not adapter_file.is_file():
+        return f"{adapter_file}: missing; resume from another checkpoint, or start without --load"
     with safe_open(str(adapter_file), framework="pt") as tensors:
         for name in tensors.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
             shape = list(tensors.get_slice(name).get_shape())

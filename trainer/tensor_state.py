@@ -69,18 +69,42 @@ def load(stem: Path) -> Any:
     from safetensors.torch import load_file
 
     skeleton_file, tensors_file = paths(stem)
+    skeleton = _read_skeleton(skeleton_file)
+    try:
+        tensors = load_file(str(tensors_file))
+    except SafetensorError as err:
+        raise StateFormatError(f"{tensors_file}: not a complete safetensors file ({err})") from None
+    return _join_in(skeleton_file, skeleton, tensors)
+
+
+def check(stem: Path) -> None:
+    """Raise `StateFormatError` (or ``OSError``) unless `load` would read the state at `stem`;
+    reads the skeleton and the safetensors header only, not the tensors."""
+    from safetensors import SafetensorError, safe_open
+
+    skeleton_file, tensors_file = paths(stem)
+    skeleton = _read_skeleton(skeleton_file)
+    try:
+        with safe_open(str(tensors_file), framework="pt") as tensors:
+            names = dict.fromkeys(tensors.keys())
+    except SafetensorError as err:
+        raise StateFormatError(f"{tensors_file}: not a complete safetensors file ({err})") from None
+    _join_in(skeleton_file, skeleton, names)
+
+
+def _read_skeleton(skeleton_file: Path) -> Any:
     try:
         document = json.loads(skeleton_file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise StateFormatError(f"{skeleton_file}: not valid JSON ({err})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise StateFormatError(f"{skeleton_file}: not a {FORMAT} state file")
+    return document.get("state")
+
+
+def _join_in(skeleton_file: Path, skeleton: Any, tensors: Mapping[str, Any]) -> Any:
     try:
-        tensors = load_file(str(tensors_file))
-    except SafetensorError as err:
-        raise StateFormatError(f"{tensors_file}: not a complete safetensors file ({err})") from None
-    try:
-        return join(document.get("state"), tensors)
+        return join(skeleton, tensors)
     except StateFormatError as err:
         raise StateFormatError(f"{skeleton_file}: {err}") from None
 

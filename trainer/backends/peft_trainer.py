@@ -342,7 +342,7 @@ def resume_problem(config: TrainConfig, path: Path) -> str | None:
     from trainer.backends.peft_targets import adapter_shapes
 
     try:
-        tensor_state.load(path / STATE_STEM)
+        tensor_state.check(path / STATE_STEM)
     except (OSError, tensor_state.StateFormatError) as err:
         return f"{path}: no trainer state to resume ({first_line(err)})"
     adapter_file = path / ADAPTER_DIR / "adapter_model.safetensors"
