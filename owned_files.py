@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tempfile
 
@@ -93,3 +94,52 @@ def append_line(path: str | os.PathLike[str], line: str) -> None:
     descriptor = os.open(path, flags, 0o644)
     with os.fdopen(descriptor, "a", encoding="utf-8") as file:
         file.write(line)
+
+
+def check_dir(path: str | os.PathLike[str]) -> None:
+    """What `owned_dir` checks, without making anything: the deepest existing part of `path`
+    and every directory above it private (`check_parents`), and `path`, if it exists, a
+    directory of this user's. Raises `NotPrivate`."""
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    check_parents(existing)
+    if existing == os.path.abspath(path):
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            raise NotPrivate(
+                f"{existing} is not a directory of this user's (owner uid {info.st_uid}); "
+                "choose a directory of your own"
+            )
+
+
+def fresh_dir(path: str | os.PathLike[str]) -> None:
+    """Make directory `path` anew (mode 0755 less the umask) in a directory of this user's.
+
+    What is at `path` already must be a directory of this user's (what a killed run of this
+    user left there), and is removed first; a symlink, a file or another user's directory
+    there is refused with `NotPrivate`. ``mkdir`` then fails if anything appeared meanwhile.
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    if info is not None:
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            raise NotPrivate(
+                f"{os.path.abspath(path)} is not a directory (someone else's link or file?); "
+                "remove it"
+            )
+        if info.st_uid != os.geteuid():
+            raise NotPrivate(
+                f"{os.path.abspath(path)} belongs to uid {info.st_uid}, not to this user; remove it"
+            )
+        shutil.rmtree(path)
+    os.mkdir(path, 0o755)
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """The UTF-8 text of file `path`; a symlink at `path` is refused (``OSError`` ELOOP)."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(descriptor, encoding="utf-8") as file:
+        return file.read()

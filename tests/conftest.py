@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 
@@ -27,6 +28,23 @@ def launcher_snapshot(snapshot, request):
         return stored(name=name)
 
     return expected
+
+
+@pytest.fixture
+def cpu_launcher_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This host's one slot for a live run of the CPU launcher, taken in turn by the tests
+    that run it (in parallel xdist workers): the launcher's claim refuses a second run of it
+    on the same devices while one is in progress. A lock in the session's own temp dir, which
+    the workers share (pytest-xdist gives each a folder below it)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    descriptor = os.open(folder / "cpu-launcher-live.lock", flags, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
 
 
 @pytest.fixture

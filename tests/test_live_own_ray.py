@@ -28,7 +28,11 @@ from tests.live_launcher import SECRETS, launch
 from tests.private_ray import LauncherPorts
 from trainer import tiny
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.timeout(300),
+    pytest.mark.usefixtures("cpu_launcher_slot"),  # live CPU launcher runs take turns
+]
 
 
 def submit_without_token(dashboard_port: int) -> int:

@@ -252,6 +252,17 @@ def test_adapter_reaches_the_engine_in_memory(model_dir):
     assert engine.generate(PROMPTS, SamplingParams(max_new_tokens=5, seed=11)) == generations
 
 
+def test_the_engines_first_adapter_leaves_the_processs_random_state_alone(model_dir):
+    """PEFT initialises the engine's LoRA layers at random before the adapter replaces them:
+    in the trainer's process that moved the trainer's random stream (its dropout) at a point
+    a resumed run does not repeat."""
+    engine = HFRolloutEngine(model_dir)
+    adapter = make_trainer(model_dir).export_adapter()
+    before = torch.get_rng_state()
+    engine.load_adapter(adapter)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_target_and_excluded_modules(model_dir):
     def wrapped(trainer: PeftPolicyTrainer) -> set[str]:
         return {n.split(".")[-1] for n, m in trainer.model.named_modules() if hasattr(m, "lora_A")}

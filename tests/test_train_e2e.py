@@ -20,7 +20,11 @@ from harness.run_tag import RunTag
 from tests.private_ray import LauncherPorts
 from trainer.metrics import METRICS_FILE, read_metrics
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(400)]
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.timeout(400),
+    pytest.mark.usefixtures("cpu_launcher_slot"),  # live CPU launcher runs take turns
+]
 
 LAUNCHER_FILE = f"{CHECKOUT}/launchers/cpu/run_tiny_qwen3_lora.py"
 

@@ -21,7 +21,11 @@ from tests.private_ray import LauncherPorts, free_ports
 from trainer import tiny
 from trainer.metrics import METRICS_FILE, read_metrics
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.timeout(300),
+    pytest.mark.usefixtures("cpu_launcher_slot"),  # live CPU launcher runs take turns
+]
 
 MODULE = "launchers.cpu.run_tiny_qwen3_lora"
 FILE = f"{CHECKOUT}/launchers/cpu/run_tiny_qwen3_lora.py"

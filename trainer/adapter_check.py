@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer import owned_files
+
 CHECK_FILE = "logprob_check.json"
 
 
@@ -34,7 +36,7 @@ class LogprobCheck:
 
 
 def write(adapter_dir: Path, check: LogprobCheck) -> None:
-    (adapter_dir / CHECK_FILE).write_text(json.dumps(check.__dict__) + "\n", encoding="utf-8")
+    owned_files.write_atomic(adapter_dir / CHECK_FILE, json.dumps(check.__dict__) + "\n")
 
 
 def read(adapter_dir: Path) -> LogprobCheck:

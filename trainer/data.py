@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainer.config import DataConfig, TrainConfig
+from trainer.config import DataConfig, RolloutConfig, TrainConfig
 from trainer.errors import UsageError
 
 
@@ -208,22 +208,51 @@ class RolloutDataSource:
             "seed": self.seed,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def cursor_problem(self, state: Any) -> str | None:
+        """Why `state` (what `state_dict` returned, read back from a checkpoint) is no cursor
+        of these prompts, or None: its keys and types, the prompt set and its order (count,
+        shuffle, seed), and the offset within an epoch."""
+        types = {"epoch": int, "offset": int, "num_prompts": int, "shuffle": bool, "seed": int}
+        if not isinstance(state, dict):
+            return "the data cursor is not a JSON object"
+        for key, kind in types.items():
+            value = state.get(key)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                return f"the data cursor's {key!r} is {value!r}, not {_a(kind)}"
         saved = (state["num_prompts"], state["shuffle"], state["seed"])
         if saved != (len(self.samples), self.shuffle, self.seed):
-            raise DataError(
-                f"the checkpoint's data cursor was taken on {saved[0]} prompts "
-                f"(shuffle={saved[1]}, seed={saved[2]}); this run has {len(self.samples)} "
-                f"(shuffle={self.shuffle}, seed={self.seed})"
+            return (
+                f"the data cursor was taken on {saved[0]} prompts (shuffle={saved[1]}, "
+                f"seed={saved[2]}); this run has {len(self.samples)} (shuffle={self.shuffle}, "
+                f"seed={self.seed})"
             )
-        if not 0 <= state["offset"] < len(self.samples):
-            raise DataError(f"the checkpoint's data cursor offset {state['offset']} is invalid")
+        if state["epoch"] < 0 or not 0 <= state["offset"] < len(self.samples):
+            return (
+                f"the data cursor (epoch {state['epoch']}, offset {state['offset']}) is not a "
+                f"position in {len(self.samples)} prompts"
+            )
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (problem := self.cursor_problem(state)) is not None:
+            raise DataError(problem)
         self.cursor.load_state_dict(state)
+
+
+def _a(kind: type) -> str:
+    return {int: "an integer", bool: "true or false"}[kind]
 
 
 def num_rollouts_for_epochs(num_prompts: int, rollout_batch_size: int, num_epoch: int) -> int:
     """Rollouts that consume `num_epoch` epochs (at least one)."""
     return max(1, num_epoch * num_prompts // rollout_batch_size)
+
+
+def num_rollouts(rollout: RolloutConfig, num_prompts: int) -> int:
+    """``--num-rollout``, or the rollouts of ``--num-epoch`` epochs of `num_prompts` prompts."""
+    if rollout.num_rollout is not None:
+        return rollout.num_rollout
+    return num_rollouts_for_epochs(num_prompts, rollout.rollout_batch_size, rollout.num_epoch)
 
 
 def load_prompt_set(path: str, data: DataConfig, tokenizer: Tokenizer | None) -> list[Sample]:

@@ -1,17 +1,16 @@
 """Whole-file checks of what ``train.py`` reads, and of the directories it writes.
 
 They run before Ray starts, so that a file a kill or a full disk cut short (a checkpoint's
-``state.json``, ``trainer_state.pt`` or adapter, the model's ``model.safetensors``) or an output
+``state.json``, trainer state or adapter, the model's ``model.safetensors``) or an output
 directory that cannot be written is one line and exit 2, not an actor dying after minutes of
-start-up. Only headers and directories are read: a safetensors header, the central directory of
-a ``torch.save`` archive (a zip file whose directory is written last), a small JSON file.
+start-up. Only headers, small JSON files and directories are read, and nothing is created.
 """
 
 from __future__ import annotations
 
+import errno
 import json
-import tempfile
-import zipfile
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -28,15 +27,6 @@ def safetensors_problem(path: Path) -> str | None:
             return None
     except (SafetensorError, OSError) as err:
         return f"not a complete safetensors file ({first_line(err)})"
-
-
-def torch_archive_problem(path: Path) -> str | None:
-    """Why `path` is not a complete ``torch.save`` archive, or None."""
-    try:
-        with zipfile.ZipFile(path):
-            return None
-    except (zipfile.BadZipFile, OSError) as err:
-        return f"not a complete torch.save archive ({first_line(err)})"
 
 
 def json_object_problem(path: Path) -> str | None:
@@ -56,7 +46,6 @@ def first_problem(paths: Iterable[Path]) -> str | None:
     """``<path>: <why>`` for the first damaged file of `paths` (checked by suffix), or None."""
     checks = {
         ".safetensors": safetensors_problem,
-        ".pt": torch_archive_problem,
         ".json": json_object_problem,
     }
     for path in sorted(paths):
@@ -67,13 +56,17 @@ def first_problem(paths: Iterable[Path]) -> str | None:
 
 
 def writable_dir_problem(path: Path) -> str | None:
-    """Make directory `path` (and its parents) and write a file in it; why that fails, or None."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            return None
-    except OSError as err:
-        return f"cannot write there ({err.strerror or err})"
+    """Why directory `path` could not be made (with its parents) and written, or None. Makes
+    nothing: the deepest part of `path` that exists must be a directory this process may
+    write into (the run makes the rest when it starts)."""
+    existing = path.absolute()
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"cannot write there ({os.strerror(errno.ENOTDIR)})"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot write there ({os.strerror(errno.EACCES)})"
+    return None
 
 
 def _json_type(value: Any) -> str:

@@ -19,6 +19,7 @@ length-bucketed, so they carry little padding.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -42,8 +43,8 @@ from trainer.backends.base import (
 )
 from trainer.backends.colocate import Colocation, Phase
 from trainer.batching import Steps, micro_batches
-from trainer.config import RolloutConfig, TrainConfig
-from trainer.data import RolloutDataSource, Sample, num_rollouts_for_epochs
+from trainer.config import TrainConfig
+from trainer.data import RolloutDataSource, Sample, num_rollouts
 from trainer.errors import UsageError
 from trainer.grpo import GRPOConfig, Normalizer, grpo_loss
 from trainer.metrics import MetricsLogger
@@ -87,12 +88,6 @@ class GRPOLoss:
             normalizer=self.normalizer,
             rollout_logprobs=batch.rollout_logprobs,
         )
-
-
-def num_rollouts(rollout: RolloutConfig, num_prompts: int) -> int:
-    if rollout.num_rollout is not None:
-        return rollout.num_rollout
-    return num_rollouts_for_epochs(num_prompts, rollout.rollout_batch_size, rollout.num_epoch)
 
 
 class Timer:
@@ -154,13 +149,14 @@ class GRPOLoop:
     # ------------------------------------------------------------------ resume / save
 
     def restore(self) -> int:
-        """Resume from ``--load``'s latest checkpoint (if any); returns the first rollout to run."""
+        """Resume from ``--load``'s checkpoint (`checkpoint.resume_point`; ``train.py`` checked
+        it before Ray started), if any; returns the first rollout to run."""
         root = Path(self.config.checkpoint.load) if self.config.checkpoint.load else None
-        iteration = checkpoint.latest_iteration(root)
-        if root is None or iteration is None:
+        resume = checkpoint.resume_point(root)
+        if root is None or resume is None:
             return self.start
-        path = checkpoint.iter_dir(root, iteration)
-        state = checkpoint.load_state(root, iteration)
+        path = checkpoint.iter_dir(root, resume.iteration)
+        state = checkpoint.load_state(root, resume.iteration)
         self.source.load_state_dict(state["data"])
         self.trainers.load(path)
         self.start = int(state["rollout_index"])
@@ -172,18 +168,20 @@ class GRPOLoop:
         return self.start
 
     def save(self, rollout_index: int) -> Path:
-        """A checkpoint under ``--save`` (or, without it, the adapter in <output-dir>/final)."""
+        """A checkpoint under ``--save`` (or, without it, the adapter in <output-dir>/final);
+        `checkpoint.SaveError` when it cannot be written."""
         paths = self.config.checkpoint
         if paths.save:
             state = {
                 "rollout_index": rollout_index,
                 "data": self.source.state_dict(),
                 "seed": self.config.misc.seed,
+                "train_backend": self.config.placement.train_backend,
             }
             path = checkpoint.save(Path(paths.save), rollout_index, self.save_trainers, state)
         else:
             path = Path(paths.output_dir) / "final"
-            self.save_trainers(path)
+            checkpoint.write_dir(path, self.save_trainers)
         self.saved = path / checkpoint.ADAPTER_DIR
         return path
 
@@ -265,7 +263,8 @@ class GRPOLoop:
                         samples, rollout_id, evaluation=False, attempt=rounds
                     )
                 with timer("reward"):
-                    rewards = self.rewards(samples, generations, n)
+                    where = f"--prompt-data {self.config.data.prompt_data}"
+                    rewards = self.rewards(samples, generations, n, where=where)
                 for i, sample in enumerate(samples):
                     group = (generations[i * n : (i + 1) * n], rewards[i * n : (i + 1) * n])
                     keep = self.sampling_filter is None or keeps(
@@ -344,8 +343,11 @@ class GRPOLoop:
         return call_seed(self.config.misc.seed, purpose, rollout_id, attempt)
 
     def rewards(
-        self, samples: Sequence[Sample], generations: Sequence[Generation], n: int
+        self, samples: Sequence[Sample], generations: Sequence[Generation], n: int, *, where: str
     ) -> torch.Tensor:
+        """One reward per generation; a reward that is not a finite number is a `UsageError`
+        naming the function and the prompt (row of the set `where` names), raised before any
+        optimizer step could train on it."""
         repeated = [s for s in samples for _ in range(n)]
         if self.custom_rm is None:
             raw = [
@@ -360,8 +362,20 @@ class GRPOLoop:
             raw = call_custom_rewards(self.custom_rm, self.miles_args, graded)
         try:
             values = [reward_value(value, self.config.reward.reward_key) for value in raw]
-        except ValueError as err:
+        except (TypeError, ValueError) as err:
             raise UsageError(str(err)) from None
+        for value, sample in zip(values, repeated, strict=True):
+            if not math.isfinite(value):
+                reward = self.config.reward
+                function = (
+                    f"--custom-rm-path {reward.custom_rm_path}"
+                    if reward.custom_rm_path
+                    else f"--rm-type {reward.rm_type}"
+                )
+                raise UsageError(
+                    f"{function} returned {value} for a response to row {sample.index + 1} of "
+                    f"{where}: a reward must be a finite number (stopped before training on it)"
+                )
         return torch.tensor(values, dtype=torch.float32)
 
     def train(
@@ -415,7 +429,8 @@ class GRPOLoop:
             for name, samples in self.eval_sets.items():
                 generations = self.generate(samples, rollout_id, evaluation=True)
                 n = self.config.eval.n_samples_per_eval_prompt
-                rewards = self.rewards(samples, generations, n)
+                where = f"--eval-prompt-data {name}"
+                rewards = self.rewards(samples, generations, n, where=where)
                 scores[f"eval/{name}"] = float(rewards.mean())
         return scores
 

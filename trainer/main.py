@@ -1,9 +1,11 @@
 """``python3 train.py <argv>``: parse, check inputs, run the GRPO loop on Ray, summarise.
 
 Everything that can be wrong with the input (argv, the model directory and its tokenizer and
-chat template, the LoRA targets against the model, the prompt files, the ``--load`` checkpoint,
-the output directories) is checked
-before Ray starts (`check_inputs`): one line on stderr, exit 2, nothing started.
+chat template, the LoRA targets against the model, the prompt files and their lengths against
+the model's context, the ``--load`` checkpoint against this run, the output directories and
+who may change them) is checked before Ray starts (`check_inputs`): one line on stderr, exit
+2, nothing started or created. A checkpoint that cannot be written later (a full disk) is one
+line and exit 1.
 Launched by ``ray job submit`` (``RAY_ADDRESS`` set) the job joins that cluster; run directly it
 starts a private local Ray instance for its own lifetime.
 """
@@ -37,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.misc.validate_only:
         print(json.dumps(config.as_dict(), indent=2, sort_keys=True, default=str))
         return 0
-    from trainer.checkpoint import CheckpointError
+    from trainer.checkpoint import CheckpointError, SaveError
     from trainer.placement import PlacementError
     from trainer.preflight import PreflightError
 
@@ -45,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(config)
     except (UsageError, CheckpointError) as err:
         return _fail(err, EXIT_USAGE)
-    except (PreflightError, PlacementError) as err:
+    except (PreflightError, PlacementError, SaveError) as err:
         return _fail(err, EXIT_ENVIRONMENT)
 
 
@@ -87,13 +89,17 @@ def check_chat_template(tokenizer: Any, model: str, data: DataConfig) -> None:
 
 def check_inputs(config: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     """Check everything the run reads and writes, before Ray starts; returns the tokenizer,
-    the rollout source and the eval sets. Raises `UsageError` or `CheckpointError`."""
+    the rollout source and the eval sets. Raises `UsageError` or `CheckpointError`.
+
+    Nothing is created or changed: the output directories are made when the run starts. A
+    resume from another checkpoint than ``latest`` names, or a torn last metrics line, is
+    noted on stdout."""
     from trainer import checkpoint, file_checks
     from trainer.backends import registry
     from trainer.data import eval_sets, rollout_source
     from trainer.metrics import METRICS_FILE, torn_tail
 
-    paths, data = config.checkpoint, config.data
+    paths = config.checkpoint
     model = Path(paths.hf_checkpoint)
     if not model.is_dir():
         raise UsageError(f"--hf-checkpoint {model}: not a directory")
@@ -103,25 +109,75 @@ def check_inputs(config: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     for spec in registry.selected(config):
         if spec.input_check and (problem := spec.input_check(config)):
             raise UsageError(problem)
-    if data.apply_chat_template:
-        check_chat_template(tokenizer, paths.hf_checkpoint, data)
+    if config.data.apply_chat_template:
+        check_chat_template(tokenizer, paths.hf_checkpoint, config.data)
     source = rollout_source(config, tokenizer)
     evals = eval_sets(config, tokenizer)
+    check_context(config, tokenizer, source.samples, evals)
+    check_directories(config)
     load = Path(paths.load) if paths.load else None
-    resumes = checkpoint.latest_iteration(load)
-    if load is not None and resumes is not None:
-        checkpoint.verify(load, resumes)
-        lora = config.lora
-        if problem := checkpoint.adapter_shape_problem(
-            load, resumes, lora.lora_rank, lora.lora_alpha
+    resume = checkpoint.resume_point(load)
+    if load is not None and resume is not None:
+        from trainer import resume_checks
+
+        if resume.note:
+            print(f"{PROG}: {resume.note}", flush=True)
+        if problem := resume_checks.problem(config, load, resume.iteration, source):
+            raise checkpoint.CheckpointError(problem)
+        if note := torn_tail(Path(paths.output_dir) / METRICS_FILE):
+            print(f"{PROG}: {note}", flush=True)
+    return tokenizer, source, evals
+
+
+def check_directories(config: TrainConfig) -> None:
+    """``--output-dir`` and ``--save`` can be made and written, and they, ``--load`` and
+    every directory above them only this user (and root) can change
+    (`owned_files.check_dir`): another user could plant a symlink where the run writes, or a
+    checkpoint where it reads. Makes nothing."""
+    from trainer import file_checks, owned_files
+
+    paths = config.checkpoint
+    for flag, value, written in (
+        ("--output-dir", paths.output_dir, True),
+        ("--save", paths.save, True),
+        ("--load", paths.load, False),
+    ):
+        if not value:
+            continue
+        try:
+            owned_files.check_dir(value)
+        except owned_files.NotPrivate as err:
+            raise UsageError(f"{flag} {value}: {err}") from None
+        if written and (problem := file_checks.writable_dir_problem(Path(value))):
+            raise UsageError(f"{flag} {value}: {problem}")
+
+
+def check_context(
+    config: TrainConfig, tokenizer: Any, prompts: Sequence[Any], evals: dict[str, Any]
+) -> None:
+    """Every prompt the run keeps fits the model's context with its response window
+    (`trainer.context_length`)."""
+    from trainer import context_length
+
+    limit = context_length.model_context(Path(config.checkpoint.hf_checkpoint))
+    if limit is None:
+        return
+    sets = [
+        ("--prompt-data " + config.data.prompt_data, prompts, "--rollout-max-response-len",
+         config.rollout.rollout_max_response_len),
+        *((f"--eval-prompt-data {name}", samples, "--eval-max-response-len",
+           config.eval.eval_max_response_len) for name, samples in evals.items()),
+    ]  # fmt: skip
+    for where, samples, flag, response_len in sets:
+        if problem := context_length.overlong_problem(
+            samples,
+            tokenizer,
+            response_len=response_len,
+            limit=limit,
+            where=where,
+            response_flag=flag,
         ):
             raise UsageError(problem)
-    for flag, value in (("--output-dir", paths.output_dir), ("--save", paths.save)):
-        if value and (problem := file_checks.writable_dir_problem(Path(value))):
-            raise UsageError(f"{flag} {value}: {problem}")
-    if resumes is not None and (note := torn_tail(Path(paths.output_dir) / METRICS_FILE)):
-        print(f"{PROG}: {note}", flush=True)
-    return tokenizer, source, evals
 
 
 def _colocation_note(placement: PlacementConfig) -> str:
@@ -141,7 +197,8 @@ def run(config: TrainConfig) -> int:
     import ray
 
     from trainer import placement
-    from trainer.loop import GRPOLoop, num_rollouts
+    from trainer.data import num_rollouts
+    from trainer.loop import GRPOLoop
     from trainer.metrics import (
         METRICS_FILE,
         MetricsLogger,

@@ -14,10 +14,12 @@ import json
 import math
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainer import owned_files
 from trainer.errors import UsageError
 
 if TYPE_CHECKING:
@@ -112,22 +114,23 @@ class MetricsLogger:
         start_step: int = 0,
         config: TrainConfig | None = None,
     ) -> None:
-        """`config`: the run's, for wandb (``--use-wandb``), which records it."""
-        output_dir.mkdir(parents=True, exist_ok=True)
+        """`config`: the run's, for wandb (``--use-wandb``), which records it. Makes
+        `output_dir` (a private one: `owned_files.owned_dir`)."""
         self.path = output_dir / METRICS_FILE
         self.total_steps = total_steps
-        kept = [r for r in read_metrics(self.path) if r["step"] < start_step] if start_step else []
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        with _one_line(self.path):
+            owned_files.owned_dir(output_dir)
+            kept = read_metrics(self.path) if start_step else []
+            kept = [r for r in kept if r["step"] < start_step]
+            owned_files.write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         wanted = config is not None and config.wandb.use_wandb
         wanted = wanted and config.wandb.wandb_mode != "disabled"
         self._wandb = _init_wandb(output_dir, config) if wanted else None
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         record = {"step": step, **{k: _finite(v) for k, v in metrics.items()}}
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        with _one_line(self.path):
+            owned_files.append_line(self.path, json.dumps(record) + "\n")
         print(console_line(step, self.total_steps, metrics), flush=True)
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
@@ -135,6 +138,18 @@ class MetricsLogger:
     def close(self) -> None:
         if self._wandb is not None:
             self._wandb.finish()
+
+
+@contextmanager
+def _one_line(path: Path) -> Iterator[None]:
+    """A file of the run's output that cannot be written (a symlink planted at its path, a full
+    disk, an output directory others may change) as one `MetricsError` line."""
+    try:
+        yield
+    except owned_files.NotPrivate as err:
+        raise MetricsError(str(err)) from None
+    except OSError as err:
+        raise MetricsError(f"{path}: cannot write it ({err.strerror or err})") from None
 
 
 def _finite(value: float) -> float | None:
@@ -146,8 +161,10 @@ def _init_wandb(output_dir: Path, config: TrainConfig) -> Any:
     import wandb
 
     id_file = output_dir / WANDB_ID_FILE
-    run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
-    id_file.write_text(run_id)
+    with _one_line(id_file):
+        exists = os.path.lexists(id_file)
+        run_id = owned_files.read_text(id_file).strip() if exists else uuid.uuid4().hex[:8]
+        owned_files.write_atomic(id_file, run_id)
     return wandb.init(
         project=config.wandb.wandb_project,
         group=config.wandb.wandb_group,
@@ -170,9 +187,11 @@ def summarize(
     """First/last-5 reward means and the rest of the end-of-run summary; `merged_in`: the
     dtype of the merged weights the run trained and served (``--lora-serving merged``), the
     only form in which the saved adapter is exactly the trained policy."""
-    rewards = [r[REWARD] for r in records if r.get(REWARD) is not None]
-    evals = {k: v for r in records for k, v in r.items() if k.startswith("eval/")}
-    step_times = [r["time/step"] for r in records if r.get("time/step") is not None]
+    rewards = [r[REWARD] for r in records if _number(r.get(REWARD))]
+    evals = {
+        k: v if _number(v) else None for r in records for k, v in r.items() if k.startswith("eval/")
+    }
+    step_times = [r["time/step"] for r in records if _number(r.get("time/step"))]
     return {
         "steps": len(records),
         "reward_first5": sum(rewards[:5]) / len(rewards[:5]) if rewards else None,
@@ -183,6 +202,11 @@ def summarize(
         "adapter": str(adapter) if adapter else None,
         "adapter_merged_in": merged_in,
     }
+
+
+def _number(value: Any) -> bool:
+    """A finite number: what the summary averages (a record holds None for NaN or inf)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def summary_text(summary: Mapping[str, Any]) -> str:
@@ -198,7 +222,7 @@ def summary_text(summary: Mapping[str, Any]) -> str:
         f"  mean step time      {num(summary['mean_step_s'], '{:.2f} s')}",
         f"  wall time (this run) {num(summary['elapsed_s'], '{:.1f} s')}",
     ]
-    lines += [f"  {key:<19} {value:.3f}" for key, value in sorted(summary["last_eval"].items())]
+    lines += [f"  {key:<19} {num(value)}" for key, value in sorted(summary["last_eval"].items())]
     lines.append(f"  adapter             {summary['adapter'] or 'not saved'}")
     if dtype := summary["adapter_merged_in"]:
         lines.append(f"  policy              the adapter merged into the base in {dtype}")
@@ -207,4 +231,5 @@ def summary_text(summary: Mapping[str, Any]) -> str:
 
 
 def write_summary(output_dir: Path, summary: Mapping[str, Any]) -> None:
-    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    with _one_line(output_dir / SUMMARY_FILE):
+        owned_files.write_atomic(output_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")

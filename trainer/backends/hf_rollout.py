@@ -237,6 +237,7 @@ class HFRolloutEngine:
         )
 
     def load_adapter(self, adapter: LoraAdapter) -> None:
+        import torch
         from peft import LoraConfig, PeftModel, get_peft_model, set_peft_model_state_dict
 
         if self.merger is not None:
@@ -244,8 +245,15 @@ class HFRolloutEngine:
             return
         if not isinstance(self.model, PeftModel):
             config = LoraConfig.from_peft_type(**dict(adapter.config))
-            # the adapter in the model's dtype, as SGLang serves it and the trainer computes it
-            self.model = get_peft_model(self.model, config, autocast_adapter_dtype=False).eval()
+            # PEFT initialises the new layers from the process's random state, which the
+            # adapter's tensors then replace: draw from a fork of it, or an engine sharing a
+            # process with the trainer would move the trainer's random stream at its first
+            # adapter, a point where a resumed run is not (its dropout would differ)
+            with torch.random.fork_rng(devices=self._cuda_indices()):
+                # the adapter in the model's dtype, as SGLang serves it and the trainer
+                # computes it
+                self.model = get_peft_model(self.model, config, autocast_adapter_dtype=False)
+            self.model.eval()
         tensors = {name: tensor.to(self.device) for name, tensor in adapter.tensors.items()}
         result = set_peft_model_state_dict(self.model, tensors)
         if result.unexpected_keys:
@@ -254,6 +262,13 @@ class HFRolloutEngine:
         if missing:
             raise ValueError(f"adapter lacks {len(missing)} LoRA tensor(s), e.g. {missing[:3]}")
         self.adapter_version = adapter.version
+
+    def _cuda_indices(self) -> list[int]:
+        import torch
+
+        if self.device.type != "cuda":
+            return []
+        return [self.device.index if self.device.index is not None else torch.cuda.current_device()]
 
     def _load_merged(self, adapter: LoraAdapter) -> None:
         import torch

@@ -43,7 +43,7 @@ from trainer.backends.megatron_batching import (
     row_lengths,
 )
 from trainer.backends.registry import gpu_index
-from trainer.checkpoint import ADAPTER_DIR
+from trainer.checkpoint import ADAPTER_DIR, CheckpointError
 
 if TYPE_CHECKING:
     import torch
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 OPTIMIZER_DIR = "megatron_optimizer"
+LAYOUT_FILE = "layout.json"  # in OPTIMIZER_DIR: the world size and parallel sizes that saved it
 
 
 @dataclass
@@ -497,15 +498,18 @@ class MegatronPolicyTrainer:
 
     def save(self, path: Path) -> None:
         """PEFT adapter in ``path/adapter`` (loads with ``PeftModel.from_pretrained``); each rank's
-        optimizer shard (main params and moments), the LR schedule and the step count.
+        optimizer shard (main params and moments), the LR schedule and the step count in
+        ``megatron_optimizer/rank<N>.{json,safetensors}`` (data only: `trainer.tensor_state`),
+        and the parallel layout that wrote them in ``megatron_optimizer/layout.json``.
 
-        One file per rank, so a resume needs the same world size and parallel layout. (Megatron's
+        One state per rank, so a resume needs the same world size and parallel layout. (Megatron's
         ``save_parameter_state`` was not used: with PyTorch's Adam, its fallback without Apex or
         TE, megatron-core 0.16.1 cannot load what it saved.)
         """
-        import torch
         import torch.distributed as dist
         from safetensors.torch import save_file
+
+        from trainer import tensor_state
 
         adapter = self.export_adapter()
         if dist.get_rank() == 0:
@@ -515,33 +519,24 @@ class MegatronPolicyTrainer:
             save_file(tensors, str(path / ADAPTER_DIR / ADAPTER_FILE))
             config = json.dumps(dict(adapter.config), indent=2)
             (path / ADAPTER_DIR / ADAPTER_CONFIG).write_text(config)
+            layout = json.dumps(self._layout(), indent=2)
+            (path / OPTIMIZER_DIR / LAYOUT_FILE).write_text(layout + "\n")
         dist.barrier()
-        inner = [opt.optimizer for opt in self._optimizers()]
-        state = {
-            "world_size": dist.get_world_size(),
-            "optimizers": [opt.state_dict() for opt in inner],
-            "main_params": [
-                [p.detach().cpu() for group in opt.param_groups for p in group["params"]]
-                for opt in inner
-            ],
-            "scheduler": self.scheduler.state_dict(),
-            "steps": self.steps,
-        }
-        torch.save(state, self._optimizer_file(path))
+        state = optimizer_state(self._optimizers(), self.scheduler, self.steps)
+        tensor_state.save(state, self._state_stem(path))
         dist.barrier()
 
     def load(self, path: Path) -> None:
         import torch
-        import torch.distributed as dist
         from safetensors.torch import load_file
 
+        from trainer import tensor_state
+
+        saved = json.loads((path / OPTIMIZER_DIR / LAYOUT_FILE).read_text(encoding="utf-8"))
+        if (problem := layout_problem(saved, self._layout())) is not None:
+            raise CheckpointError(f"{path}: {problem}")
         self._load_adapter_tensors(load_file(str(path / ADAPTER_DIR / ADAPTER_FILE)))
-        state = torch.load(self._optimizer_file(path), map_location="cpu", weights_only=False)
-        if state["world_size"] != dist.get_world_size():
-            raise RuntimeError(
-                f"{path} was saved by {state['world_size']} ranks; this job has "
-                f"{dist.get_world_size()} (resume with the same parallel layout)"
-            )
+        state = tensor_state.load(self._state_stem(path))
         # With fp32 weights the main params are views of the trainable parameters.
         with torch.no_grad():
             for opt, inner_state, mains in zip(
@@ -549,18 +544,29 @@ class MegatronPolicyTrainer:
             ):
                 opt.optimizer.load_state_dict(inner_state)
                 params = [p for group in opt.optimizer.param_groups for p in group["params"]]
-                for param, saved in zip(params, mains, strict=True):
-                    param.copy_(saved)
+                for param, saved_param in zip(params, mains, strict=True):
+                    param.copy_(saved_param)
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = state["steps"]
 
     def _optimizers(self) -> list[Any]:
         return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
 
-    def _optimizer_file(self, path: Path) -> Path:
+    def _layout(self) -> dict[str, int]:
         import torch.distributed as dist
 
-        return path / OPTIMIZER_DIR / f"rank{dist.get_rank():05d}.pt"
+        return {
+            "world_size": dist.get_world_size(),
+            "tensor_model_parallel_size": self.ps.get_tensor_model_parallel_world_size(),
+            "pipeline_model_parallel_size": self.ps.get_pipeline_model_parallel_world_size(),
+            "context_parallel_size": self.ps.get_context_parallel_world_size(),
+            "expert_model_parallel_size": self.ps.get_expert_model_parallel_world_size(),
+        }
+
+    def _state_stem(self, path: Path) -> Path:
+        import torch.distributed as dist
+
+        return state_stem(path, dist.get_rank())
 
     # ------------------------------------------------------------------ colocated memory
 
@@ -569,6 +575,73 @@ class MegatronPolicyTrainer:
 
     def resume_memory(self) -> None:
         self.frozen.restore()
+
+
+def state_stem(path: Path, rank: int) -> Path:
+    """Where rank `rank` saves its optimizer state in checkpoint `path` (`tensor_state`)."""
+    return path / OPTIMIZER_DIR / f"rank{rank:05d}"
+
+
+def optimizer_state(optimizers: Sequence[Any], scheduler: Any, steps: int) -> dict[str, Any]:
+    """What one rank saves: the state dict of each of its (chained) optimizers' inner torch
+    optimizer, their main params in optimizer order, the LR schedule and the step count."""
+    inner = [opt.optimizer for opt in optimizers]
+    return {
+        "optimizers": [opt.state_dict() for opt in inner],
+        "main_params": [
+            [p.detach() for group in opt.param_groups for p in group["params"]] for opt in inner
+        ],
+        "scheduler": scheduler.state_dict(),
+        "steps": steps,
+    }
+
+
+def run_layout(config: TrainConfig) -> dict[str, int]:
+    """The world size and parallel sizes a run of `config` trains with (`MegatronPolicyTrainer`
+    records its own in ``layout.json``)."""
+    from trainer.config.megatron import PARALLEL_SIZES
+
+    sizes = {name: getattr(config.megatron, name) for name in PARALLEL_SIZES}
+    return {"world_size": config.placement.actor_num_gpus, **sizes}
+
+
+def layout_problem(saved: Any, current: dict[str, int]) -> str | None:
+    """How a checkpoint's layout differs from this run's, or None: each rank resumes its own
+    optimizer shard, so the world size and every parallel size must be the same."""
+
+    def shown(layout: dict[str, Any]) -> str:
+        sizes = ", ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in layout.items() if k != "world_size"
+        )
+        return f"{layout.get('world_size')} training ranks ({sizes})"
+
+    if not isinstance(saved, dict) or set(saved) != set(current):
+        return f"its {LAYOUT_FILE} is not a layout of {', '.join(current)}"
+    if saved != current:
+        return (
+            f"saved by {shown(saved)}; this run has {shown(current)}: resume with the same "
+            "training GPUs and parallel sizes, or start without --load"
+        )
+    return None
+
+
+def resume_problem(config: TrainConfig, path: Path) -> str | None:
+    """The first reason checkpoint `path` cannot resume with `config`, from its JSON alone:
+    another layout, or a rank's optimizer state missing."""
+    from trainer import tensor_state
+
+    layout_file = path / OPTIMIZER_DIR / LAYOUT_FILE
+    try:
+        saved = json.loads(layout_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        return f"{layout_file}: cannot be read ({err})"
+    if (problem := layout_problem(saved, run_layout(config))) is not None:
+        return f"{path}: {problem}"
+    for rank in range(saved["world_size"]):
+        for file in tensor_state.paths(state_stem(path, rank)):
+            if not file.is_file():
+                return f"{file}: missing (each training rank resumes its own optimizer state)"
+    return None
 
 
 def _to_device(batch: TrainBatch, device: Any) -> TrainBatch:

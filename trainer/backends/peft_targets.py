@@ -101,3 +101,19 @@ def _meta_problem(config: TrainConfig) -> str | None:
     if config.lora.merged:
         return unmergeable_layer(model)
     return None
+
+
+def adapter_shapes(config: TrainConfig) -> dict[str, tuple[int, ...]]:
+    """Name and shape of every tensor of the adapter the PEFT trainer trains for `config`, as
+    PEFT saves it (``adapter_model.safetensors``), from the model built on the meta device."""
+    import torch
+    from peft import get_peft_model, get_peft_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(config.checkpoint.hf_checkpoint)
+        )
+        model = get_peft_model(base, peft_lora_config(config.lora))
+        return {name: tuple(t.shape) for name, t in get_peft_model_state_dict(model).items()}

@@ -22,12 +22,14 @@ from trainer.backends.devices import torch_dtype
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.frozen_weights import FrozenWeights
 from trainer.backends.peft_targets import peft_lora_config
-from trainer.checkpoint import ADAPTER_DIR
+from trainer.checkpoint import ADAPTER_DIR, CheckpointError
+from trainer.errors import first_line
 
 if TYPE_CHECKING:
     from trainer.config import LoraConfig, OptimizerConfig, TrainConfig
 
-STATE_FILE = "trainer_state.pt"
+# ``trainer_state.json`` and ``trainer_state.safetensors`` (`trainer.tensor_state`)
+STATE_STEM = "trainer_state"
 # Config fields of causal LMs whose logits are more than ``last_hidden_state @ lm_head.weight.T``
 # (those take the full logits from the model's own forward).
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -57,6 +59,17 @@ def _json_safe(config: dict[str, Any]) -> dict[str, Any]:
             value = value.value
         safe[key] = value
     return safe
+
+
+def _sort_sets(config: Any) -> None:
+    """Sets in PEFT's LoRA config (``all-linear`` resolves to a set of module names) become
+    sorted lists: a set is saved in ``adapter_config.json`` in an order that changes with each
+    process's hash seed, so a resumed run's adapter would differ from the uninterrupted run's.
+    PEFT matches module names against a list as against a set."""
+    for field in fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, set):
+            setattr(config, field.name, sorted(value))
 
 
 def _enable_activation_checkpointing(model: Any) -> None:
@@ -123,6 +136,7 @@ class PeftPolicyTrainer:
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.compute_dtype)
         torch.manual_seed(seed)
         self.model = get_peft_model(base, peft_lora_config(lora)).to(self.device)
+        _sort_sets(self.model.peft_config["default"])
         self.merged = MergedPolicy(self.model, self.compute_dtype) if merged else None
         if gradient_checkpointing:
             _enable_activation_checkpointing(base)
@@ -268,9 +282,12 @@ class PeftPolicyTrainer:
 
     def save(self, path: Path) -> None:
         """PEFT adapter in ``path/adapter`` (loads with ``PeftModel.from_pretrained``); optimizer,
-        LR schedule, step count and torch RNG in ``path/trainer_state.pt``."""
+        LR schedule, step count and torch RNG states in ``path/trainer_state.{json,safetensors}``
+        (data only: `trainer.tensor_state`)."""
         import torch
         import torch.distributed as dist
+
+        from trainer import tensor_state
 
         if dist.is_initialized() and dist.get_rank() != 0:
             return  # every rank holds the same adapter and optimizer state
@@ -282,20 +299,29 @@ class PeftPolicyTrainer:
             "steps": self.steps,
             "torch_rng": torch.get_rng_state(),
         }
-        torch.save(state, path / STATE_FILE)
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        tensor_state.save(state, path / STATE_STEM)
 
     def load(self, path: Path) -> None:
         import torch
         from peft import set_peft_model_state_dict
         from peft.utils import load_peft_weights
 
+        from trainer import tensor_state
+
+        try:
+            state = tensor_state.load(path / STATE_STEM)
+        except (OSError, tensor_state.StateFormatError) as err:
+            raise CheckpointError(f"{path}: no trainer state to resume ({err})") from None
         weights = load_peft_weights(str(path / ADAPTER_DIR), device=str(self.device))
         set_peft_model_state_dict(self.model, weights)
-        state = torch.load(path / STATE_FILE, map_location=self.device, weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = state["steps"]
-        torch.set_rng_state(state["torch_rng"].cpu())
+        torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
 
     def release_memory(self) -> None:
         if self.device.type != "cpu":
@@ -304,6 +330,43 @@ class PeftPolicyTrainer:
     def resume_memory(self) -> None:
         if self.device.type != "cpu":
             self.frozen.restore()
+
+
+def resume_problem(config: TrainConfig, path: Path) -> str | None:
+    """Why this trainer cannot resume checkpoint `path` with `config`, or None: its trainer
+    state unreadable, or its adapter's tensors not the ones this run's model and LoRA flags
+    make (names and shapes; `peft_targets.adapter_shapes`)."""
+    from safetensors import safe_open
+
+    from trainer import tensor_state
+    from trainer.backends.peft_targets import adapter_shapes
+
+    try:
+        tensor_state.check(path / STATE_STEM)
+    except (OSError, tensor_state.StateFormatError) as err:
+        return f"{path}: no trainer state to resume ({first_line(err)})"
+    adapter_file = path / ADAPTER_DIR / "adapter_model.safetensors"
+    with safe_open(str(adapter_file), framework="pt") as saved:
+        shapes = {name: tuple(saved.get_slice(name).get_shape()) for name in saved.keys()}  # noqa: SIM118
+    expected = adapter_shapes(config)
+    model = config.checkpoint.hf_checkpoint
+    for name, shape in expected.items():
+        if name not in shapes:
+            return (
+                f"{adapter_file}: no {name}, which this run's adapter of {model} has (trained "
+                "with other --target-modules or another model?); start without --load"
+            )
+        if shapes[name] != shape:
+            return (
+                f"{adapter_file}: {name} is {list(shapes[name])}, this run's adapter of {model} "
+                f"needs {list(shape)} (another model or --lora-rank); start without --load"
+            )
+    if extra := sorted(set(shapes) - set(expected)):
+        return (
+            f"{adapter_file}: {extra[0]} is no tensor of this run's adapter of {model} (trained "
+            "with other --target-modules or another model?); start without --load"
+        )
+    return None
 
 
 def create(config: TrainConfig, device: str, *, total_steps: int) -> PeftPolicyTrainer:

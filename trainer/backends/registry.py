@@ -16,6 +16,10 @@ Every backend module exposes one factory:
 * rollout engines: ``create(config: TrainConfig, device: str, *, engine_index: int)``
   -> `RolloutEngine` (``engine_index``: which of the job's engines, for its random seed).
 
+A policy trainer's module may also expose ``resume_problem(config: TrainConfig, path: Path)``
+-> ``str | None``: why it cannot resume the checkpoint directory `path` with `config`, from the
+files alone, before launch (`resume_problem` below).
+
 The factory hands the backend the groups it reads. ``device`` is ``"cpu"``, ``"cuda"`` or
 ``"cuda:<index>"`` (the GPU this process drives). Any trainer pairs with any engine: adapters
 travel as `LoraAdapter` under PEFT names. Nothing here imports a backend until its factory is
@@ -32,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 from trainer.backends import megatron_lora_names, peft_targets, sglang_args
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from trainer.backends.base import PolicyTrainer, RolloutEngine
     from trainer.config import TrainConfig
 
@@ -129,6 +135,13 @@ def gpu_index(device: str) -> int:
 
 def _factory(spec: BackendSpec) -> Any:
     return importlib.import_module(spec.module).create
+
+
+def resume_problem(config: TrainConfig, path: Path) -> str | None:
+    """The selected trainer's reason not to resume checkpoint `path`, or None (see above)."""
+    module = importlib.import_module(train_spec(config.placement.train_backend).module)
+    check = getattr(module, "resume_problem", None)
+    return check(config, path) if check is not None else None
 
 
 def create_trainer(config: TrainConfig, device: str, *, total_steps: int) -> PolicyTrainer:
