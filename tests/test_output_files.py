@@ -1,5 +1,5 @@
 """Files a run writes at predictable paths never follow a symlink planted there, and a
-directory another user can change is refused (`trainer.owned_files`).
+directory another user can change is refused (`owned_files`).
 
 Each case plants a symlink to a victim file (or directory) where the run writes, lets the run
 write, and checks the victim is untouched; where following the link cannot be avoided the run
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import adapter_check, checkpoint, owned_files
+import owned_files
+from trainer import adapter_check, checkpoint
 from trainer.arguments import parse_args
 from trainer.metrics import METRICS_FILE, MetricsError, MetricsLogger, write_summary
 

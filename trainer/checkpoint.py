@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer import file_checks, owned_files
+import owned_files
+from trainer import file_checks
 from trainer.errors import first_line
 
 LATEST = "latest"

@@ -134,7 +134,8 @@ def check_directories(config: TrainConfig) -> None:
     every directory above them only this user (and root) can change
     (`owned_files.check_dir`): another user could plant a symlink where the run writes, or a
     checkpoint where it reads. Makes nothing."""
-    from trainer import file_checks, owned_files
+    import owned_files
+    from trainer import file_checks
 
     paths = config.checkpoint
     for flag, value, written in (

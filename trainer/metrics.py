@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer import owned_files
+import owned_files
 from trainer.errors import UsageError
 
 if TYPE_CHECKING:
