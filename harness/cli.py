@@ -22,8 +22,9 @@ import typer
 from harness.context import Plan, build_plan, check_local_outputs
 from harness.errors import LaunchError, Terminated
 from harness.host import HostView, local_host
-from harness.launcher import Launcher, flag
+from harness.launcher import Launcher
 from harness.record import recording_of
+from trainer.config.flags import field_default, flag_fields, option
 
 ENV_PREFIX = "GRPO_LAUNCHER_"
 LiveRunner = Callable[[Plan], int]
@@ -107,11 +108,40 @@ def build_app(
         pretty_exceptions_enable=False,
     )
     app.callback()(_no_op)  # a group even with one entrypoint: the subcommand is always named
+    settings = settings_help(launcher)
     for function in launcher.entrypoints:
-        app.command(name=function.__name__.replace("_", "-"), help=inspect.getdoc(function))(
-            _entrypoint_command(launcher, function.__name__, live, host)
-        )
+        trains = function.__name__ in ("train", "full_train", "sbatch")
+        app.command(
+            name=function.__name__.replace("_", "-"),
+            help=inspect.getdoc(function),
+            epilog=settings if trains else None,
+        )(_entrypoint_command(launcher, function.__name__, live, host))
     return app
+
+
+def settings_help(launcher: Launcher) -> str | None:
+    """The training settings the launcher's recipe chooses, each with its value and its help,
+    for the help of the entrypoints that train (``--set`` changes any of train.py's)."""
+    if launcher.config is None:
+        return None
+    config = launcher.config(launcher.args(run_id="RUN_ID"))
+    lines = []
+    for group in config.groups():
+        for field, spec in flag_fields(group):
+            value = getattr(group, field.name)
+            if value != field_default(field):
+                lines.append(f"  {_spelled(field.name, value, spec.negated)}: {spec.help or ''}")
+    head = "Training settings of this recipe (any train.py setting: --set NAME=VALUE; all of "
+    head += "them: python3 train.py --help):"
+    return "\b\n" + "\n".join([head, *lines])  # \b: click keeps the lines as they are
+
+
+def _spelled(name: str, value: Any, negated: str | None) -> str:
+    """A setting as train.py's flag says it: a bare flag for a boolean (its negation for False)."""
+    if isinstance(value, bool):
+        return option(name) if value else negated or f"{option(name)}=false"
+    shown = " ".join(map(str, value)) if isinstance(value, tuple) else value
+    return f"{option(name)} {shown}"
 
 
 def _no_op() -> None:
@@ -123,6 +153,7 @@ def _entrypoint_command(
 ) -> Callable[..., int]:
     def command(**values: Any) -> int:
         dry_run = values.pop("dry_run")
+        values = {name: tuple(v) if isinstance(v, list) else v for name, v in values.items()}
         args = launcher.args(**values)
         plan = build_plan(launcher, entrypoint, args, host(), dry_run=dry_run)
         for note in plan.notes:
@@ -165,24 +196,28 @@ def _field_parameters(args_type: type) -> list[inspect.Parameter]:
     hints = typing.get_type_hints(args_type)
     parameters = []
     for field in dataclasses.fields(args_type):
-        option = flag(field.name)
+        spelling = option(field.name)
         if hints[field.name] is bool:
-            option = f"{option}/--no-{option[2:]}"
+            spelling = f"{spelling}/--no-{spelling[2:]}"
         default = (
             field.default_factory()
             if field.default is dataclasses.MISSING
             and field.default_factory is not dataclasses.MISSING
             else field.default
         )
+        annotation = hints[field.name]
+        if typing.get_origin(annotation) is tuple:  # a repeatable option: click's multiple
+            annotation, default = list[typing.get_args(annotation)[0]], list(default)
         parameters.append(
             inspect.Parameter(
                 field.name,
                 inspect.Parameter.KEYWORD_ONLY,
-                annotation=hints[field.name],
+                annotation=annotation,
                 default=typer.Option(
                     default,
-                    option,
+                    spelling,
                     help=field.metadata.get("help"),
+                    metavar=field.metadata.get("metavar"),
                     envvar=ENV_PREFIX + field.name.upper(),
                     show_envvar=False,
                 ),

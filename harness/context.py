@@ -174,12 +174,12 @@ def build_plan(
 
 
 def check_no_secret_in_argv(args: LauncherArgs, env: Mapping[str, str]) -> None:
-    """A secret's value in ``--extra-args`` would be in train.py's argv, which every user of
-    the node can read (``ps``): refused, naming the variable, never the value."""
-    if leaked := secrets_in(args.extra_args, env):
+    """A secret's value in a ``--set`` would be in train.py's argv, which every user of the
+    node can read (``ps``): refused, naming the variable, never the value."""
+    if leaked := secrets_in("\n".join(args.set), env):
         raise LaunchError(
-            f"--extra-args holds the value of {leaked[0]}, a secret: argv is visible to every "
-            f"user of the node; give it to the job by name (--pass-env {leaked[0]}) or with "
+            f"--set holds the value of {leaked[0]}, a secret: argv is visible to every user of "
+            f"the node; give it to the job by name (--pass-env {leaked[0]}) or with "
             "--extra-env, and let the job read it from its environment"
         )
 

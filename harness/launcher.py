@@ -1,9 +1,12 @@
-"""What a launcher declares: its arguments (a dataclass), its entrypoints, its identity.
+"""What a launcher declares: its arguments (a dataclass), its training config, its
+entrypoints, its identity.
 
-A launcher's arguments are a frozen dataclass deriving from `LauncherArgs`; its entrypoints are
-functions ``def name(ctx: LaunchContext, args: Args) -> None`` that emit steps; its module
-declares ``LAUNCHER = Launcher(__name__, ...)``, or has a recipe's factory build it
-(`harness.recipe`). See docs/adding-a-launcher.md.
+A launcher's arguments are a frozen dataclass deriving from `LauncherArgs`: launch concerns only
+(hardware, nodes, ports, directories, run id, tracking mode), and ``--set NAME=VALUE`` for any
+training setting. What it trains is its recipe's `TrainConfig`, a function of those arguments
+(their directories and run id). Its entrypoints are functions ``def name(ctx: LaunchContext,
+args: Args) -> None`` that emit steps; its module declares ``LAUNCHER = recipe_launcher(
+__name__, ...)`` (`harness.recipe`). See docs/adding-a-launcher.md.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shlex
 import sys
 import typing
 from collections.abc import Callable, Mapping
@@ -21,6 +23,8 @@ from typing import Any, Literal
 
 from harness.errors import LaunchError
 from harness.hardware import get_hardware
+from trainer.config.flags import option
+from trainer.config.train import TrainConfig
 
 # ``def name(ctx: LaunchContext, args: Args) -> None``; typed loosely so that this module,
 # which the context imports, imports nothing of the context.
@@ -33,45 +37,10 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
-def arg(default: Any, help: str, *, path: bool = False) -> Any:
-    """A launcher field: its default and its ``--help`` text; `path` fields are made absolute
-    on the launch host (``~`` is that host's home)."""
-    return field(default=default, metadata={"help": help, "path": path})
-
-
-def flag(name: str) -> str:
-    """The command-line spelling of a field name: ``lora_rank`` -> ``--lora-rank``."""
-    return "--" + name.replace("_", "-")
-
-
-def flags(**values: Any) -> list[str]:
-    """train.py flags from keyword arguments, in order.
-
-    ``lora_rank=64`` gives ``--lora-rank 64``; True gives a bare flag, False and None nothing;
-    a tuple or list gives one flag followed by several values.
-    """
-    argv: list[str] = []
-    for name, value in values.items():
-        if value is None or value is False:
-            continue
-        argv.append(flag(name))
-        if isinstance(value, (tuple, list)):
-            argv += [str(v) for v in value]
-        elif value is not True:
-            argv.append(str(value))
-    return argv
-
-
-def train_flags(**values: Any) -> list[str]:
-    """`flags` for ``train.py``: each name must be a field of its typed config and each value of
-    that field's type (`trainer.config.values`), or the recording fails naming the flag."""
-    from trainer.config.values import problem
-
-    for name, value in values.items():
-        wrong = problem(name, value)
-        if wrong is not None:
-            raise TypeError(f"a launcher's train.py flags: {wrong}")
-    return flags(**values)
+def arg(default: Any, help: str, *, path: bool = False, metavar: str | None = None) -> Any:
+    """A launcher field: its default and its ``--help`` text (its value named `metavar`);
+    `path` fields are made absolute on the launch host (``~`` is that host's home)."""
+    return field(default=default, metadata={"help": help, "path": path, "metavar": metavar})
 
 
 @dataclass(frozen=True)
@@ -114,24 +83,29 @@ class LauncherArgs:
     wandb_mode: Literal["online", "offline", "disabled"] = arg(
         "online", "wandb logging; online needs WANDB_API_KEY in the environment"
     )
-    wandb_project: str = arg("grpo-lora", "wandb project")
+    set: tuple[str, ...] = arg(
+        (),
+        "NAME=VALUE: set a training setting of train.py, named by its flag (lora-rank) or its "
+        "dotted name (lora.lora_rank), over the recipe's (repeatable; the settings this "
+        "recipe chooses are listed below)",
+        metavar="NAME=VALUE",
+    )
     extra_env: str = arg("", "extra environment of the job: NAME=VALUE[,NAME=VALUE...]")
     pass_env: str = arg(
         "",
         "variables of this environment passed to the job by name: NAME[,NAME...] (their "
         "values stay out of argv and of the Slurm script)",
     )
-    extra_args: str = arg("", "extra train.py flags, appended last (shell syntax)")
 
     def __post_init__(self) -> None:
         for item in fields(self):
             value = getattr(self, item.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise LaunchError(f"{flag(item.name)} must be a finite number (got {value})")
+                raise LaunchError(f"{option(item.name)} must be a finite number (got {value})")
             if isinstance(value, str) and not _is_utf8(value):
                 text = os.fsencode(value).decode("utf-8", "backslashreplace")
                 shown = f" ({text})" if item.metadata.get("path") else ""  # never a secret
-                raise LaunchError(f"{flag(item.name)} holds a byte that is not UTF-8{shown}")
+                raise LaunchError(f"{option(item.name)} holds a byte that is not UTF-8{shown}")
         if self.num_nodes < 1:
             raise LaunchError(f"--num-nodes must be >= 1 (got {self.num_nodes})")
         if self.cluster_timeout < 1:
@@ -140,14 +114,14 @@ class LauncherArgs:
             raise LaunchError(f"--num-gpus-per-node must be >= 1 (got {self.num_gpus_per_node})")
         for name in ("ray_port", "dashboard_port", "agent_port", "client_server_port"):
             if not 0 < getattr(self, name) < 65536:
-                raise LaunchError(f"{flag(name)} must be a TCP port (got {getattr(self, name)})")
+                raise LaunchError(f"{option(name)} must be a TCP port (got {getattr(self, name)})")
         if self.run_id is not None and not SAFE_NAME.fullmatch(self.run_id):
             raise LaunchError(
                 f"--run-id must be letters, digits, '.', '_' or '-' ({self.run_id!r})"
             )
         if self.ray_address is not None and not self.ray_address.strip():
             raise LaunchError("--ray-address must not be empty")
-        _ = self.extra_env_vars, self.extra_argv, self.pass_env_names
+        _ = self.extra_env_vars, self.pass_env_names
 
     @property
     def cpus_per_node(self) -> int | None:
@@ -181,13 +155,6 @@ class LauncherArgs:
                 raise LaunchError(f"--pass-env items must be variable names (got {name!r})")
         return names
 
-    @property
-    def extra_argv(self) -> list[str]:
-        try:
-            return shlex.split(self.extra_args)
-        except ValueError as err:
-            raise LaunchError(f"--extra-args: {err}") from None
-
 
 def _is_utf8(text: str) -> bool:
     """False for a str holding bytes that are not UTF-8 (Python keeps them as surrogates)."""
@@ -200,16 +167,18 @@ def _is_utf8(text: str) -> bool:
 
 @dataclass(frozen=True)
 class Launcher:
-    """The declaration of a launcher: ``LAUNCHER = Launcher(__name__, ...)`` in its module, or
-    ``LAUNCHER = recipe.launcher(__name__, ...)`` where a recipe's factory builds it.
+    """The declaration of a launcher: ``LAUNCHER = recipe_launcher(__name__, ...)`` in its
+    module (or ``Launcher(__name__, ...)`` for one whose entrypoints are all its own).
 
     `module` is the declaring module's ``__name__``: the launcher's identity (its runs' tag,
     its snapshot folder, the module its Slurm script runs), whichever module its entrypoints
     come from; ``__main__`` (under ``python -m``) stands for the module's real name, and its
     docstring gives the command line's summary. `recorded_hardware` is what the snapshots
     represent (`auto` resolves to it when recording); the supported hardware is the
-    ``Literal`` of the args' `hardware` field, minus ``auto``. `evidence` says what has shown
-    that the launcher works: its cell of the support matrix (`harness.support_matrix`).
+    ``Literal`` of the args' `hardware` field, minus ``auto``. `config` is what it trains:
+    the recipe's training config for a launch's args (`harness.run_config` adds the launch's
+    own settings). `evidence` says what has shown that the launcher works: its cell of the
+    support matrix (`harness.support_matrix`).
     """
 
     module: str
@@ -217,6 +186,7 @@ class Launcher:
     args: type[LauncherArgs]
     entrypoints: tuple[Entrypoint, ...]
     recorded_hardware: str
+    config: Callable[[Any], TrainConfig] | None = None  # the recipe's, for a launch's args
     evidence: str = ""
     # The hermetic recordings (snapshots): name -> (entrypoint, option values). Default: one
     # per entrypoint with default options.

@@ -1,16 +1,18 @@
-"""Building blocks of a training launch: train.py flags, wandb flags, and `execute_train`."""
+"""A training launch: `execute_train` (claim, ``ray start``, the job), `join_cluster` (a
+worker)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from harness.cluster_shape import ClusterShape, TrainArgv
+from harness.cluster_shape import ClusterShape
 from harness.context import LaunchContext
 from harness.errors import LaunchError
 from harness.hardware import Hardware
-from harness.launcher import LauncherArgs, train_flags
+from harness.launcher import LauncherArgs
 from harness.platform import platform_env
+from harness.run_config import run_config
 from harness.run_tag import RunTag
 from harness.secrets import is_secret
 from harness.steps import (
@@ -23,6 +25,7 @@ from harness.steps import (
     WaitForHead,
     job_env_path,
 )
+from trainer.arguments import render
 from trainer.job_env import ENV_FILE_VAR, SETUP_HOOK
 
 # Host variables a job needs when the host sets them: network interfaces, NCCL debugging, Hub
@@ -44,34 +47,16 @@ LOCALHOST = "127.0.0.1"
 WORKING_DIR_EXCLUDES = (".git", ".venv")
 
 
-def wandb_flags(ctx: LaunchContext, args: LauncherArgs) -> list[str]:
-    """Wandb flags when wandb will log: offline mode, or online with WANDB_API_KEY set.
-
-    The key itself never appears in argv; `execute_train` puts it in the job's runtime env.
-    """
-    if args.wandb_mode == "disabled":
-        return []
-    if args.wandb_mode == "online" and not ctx.host.env.get("WANDB_API_KEY"):
-        if not ctx.dry_run:  # a dry run shows it: no wandb flags
-            ctx.note("wandb is off: WANDB_API_KEY is not set (--wandb-mode offline logs locally)")
-        return []
-    return train_flags(
-        use_wandb=True,
-        wandb_project=args.wandb_project,
-        wandb_group=args.run_id,
-        wandb_mode=args.wandb_mode,
-    )
-
-
 def execute_train(
     ctx: LaunchContext,
     args: LauncherArgs,
-    train_argv: TrainArgv,
     *,
     job_env: Mapping[str, str] | None = None,
     stop_ray: bool = False,
 ) -> None:
-    """Emit the launch of ``python3 train.py <train_argv> <extra_args>`` as a Ray job.
+    """Emit the launch of ``python3 train.py <argv>`` as a Ray job, where the argv renders the
+    launch's training config (`harness.run_config`: the recipe's, its ``--set`` settings, its
+    tracking and the cluster's placement).
 
     Without a cluster address (``--ray-address``, else ``RAY_ADDRESS``) this node becomes a
     fresh Ray head under a run tag, with Ray's token authentication (a fresh token per run, in
@@ -83,8 +68,7 @@ def execute_train(
     is started or stopped.
 
     The cluster (`LaunchContext.cluster`) is resolved here, once: the ``ray start``, the wait
-    for its nodes and train.py's placement flags, which `train_argv` places with
-    `CLUSTER_FLAGS`, all derive from it.
+    for its nodes and train.py's placement all derive from it.
 
     Secret variables (`harness.secrets`) of the job's environment go, on a Ray of this run's
     own, into a private file beside its token that the runtime env names (`trainer.job_env`):
@@ -103,7 +87,7 @@ def execute_train(
     if own_cluster:
         _start_head(ctx, args, cluster, str(tag), token_path, platform)
 
-    argv = [*cluster.fill(train_argv), *args.extra_argv]
+    argv = render(run_config(ctx, args, cluster))
     # Only a single-node cluster of this node's own is known to be here.
     local = own_cluster and not several
     env_vars = _job_env_vars(ctx, args, argv, platform, job_env or {}, local_head=local)

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.context import Plan, build_plan
-from harness.launcher import Launcher, LauncherArgs, flag
+from harness.launcher import Launcher, LauncherArgs
 from harness.secrets import scrub, scrub_data
 from harness.steps import Step
+from trainer.config.flags import option
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def record(launcher: Launcher, name: str, args: LauncherArgs | None = None) -> R
     of `launcher` (see `Launcher.recordings`), or its entrypoint `name` with `args`."""
     if args is None and name in launcher.recordings:
         entrypoint, values = launcher.recordings[name]
-        options = " ".join(f"{flag(k)} {v}" for k, v in values.items())
+        options = " ".join(f"{option(k)} {v}" for k, v in values.items())
         plan = build_plan(launcher, entrypoint, launcher.args(**values))
         return recording_of(plan, name, options)
     return recording_of(build_plan(launcher, name, args))

@@ -15,9 +15,10 @@ from typing import Any
 
 from harness.context import LaunchContext
 from harness.errors import LaunchError
-from harness.launcher import LauncherArgs, flag
+from harness.launcher import LauncherArgs
 from harness.secrets import is_secret
 from harness.steps import WriteFile
+from trainer.config.flags import option
 
 # Resolved per node from the allocation, never fixed in the script.
 _FROM_ALLOCATION = ("num_nodes", "head_address")
@@ -32,9 +33,11 @@ def option_argv(args: LauncherArgs) -> list[str]:
         if field.name in _FROM_ALLOCATION or (value == field.default and not always):
             continue
         if isinstance(value, bool):
-            argv.append(flag(field.name) if value else f"--no-{flag(field.name)[2:]}")
+            argv.append(option(field.name) if value else f"--no-{option(field.name)[2:]}")
+        elif isinstance(value, tuple):
+            argv += [token for item in value for token in (option(field.name), item)]
         elif value is not None:
-            argv += [flag(field.name), str(value)]
+            argv += [option(field.name), str(value)]
     return argv
 
 

@@ -21,6 +21,8 @@ from harness.steps import ClaimRun, RayJobSubmit, RayStart, RayStop, VerifyRay
 from launchers.amd.run_qwen3_4b_lora import LAUNCHER as AMD
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER as CPU
 from tests.private_ray import LauncherPorts
+from trainer.config import LoraConfig
+from trainer.config.flags import flag_fields
 
 PROG = "python -m launchers.amd.run_qwen3_4b_lora"
 
@@ -52,18 +54,19 @@ def cli(launcher, argv, capsys, *, live=None, detected=None, **env):
     [
         (["train", "--hardware", "MI300X"], "'MI300X' is not one of 'auto', 'MI350X', 'MI355X'"),
         (["train", "--num-gpus-per-node", "0"], "--num-gpus-per-node must be >= 1 (got 0)"),
-        (["train", "--lora-rank", "-4"], "--lora-rank must be > 0 (got -4)"),
+        (["train", "--set", "lora-rank=-4"], "--lora-rank must be > 0 (got -4)"),
         (["train", "--bogus"], "No such option: --bogus"),
-        (["train", "--global-batch-size", "48"], "must be a multiple of --global-batch-size 48"),
-        (["train", "--lora-rank", "x"], "--lora-rank"),
-        (["train", "--lr", "nan"], "--lr must be a finite number (got nan)"),
-        (["train", "--sglang-mem-fraction-static", "inf"], "must be a finite number (got inf)"),
+        (["train", "--set", "global-batch-size=48"], "a multiple of --global-batch-size 48"),
+        (["train", "--set", "lora.lora_rank=x"], "--lora-rank 'x': invalid int value"),
+        (["train", "--set", "lr=nan"], "--lr must be a finite number (got nan)"),
+        (["train", "--set", "--sglang-mem-fraction-static=inf"], "a finite number (got inf)"),
         (["worker", "--num-nodes", "2"], "worker needs --head-address"),
         (["worker", "--head-address", "h", "--ray-address", "http://h:8265"], "drop --ray-address"),
         (["train", "--extra-env", "NOPE"], "--extra-env items must be NAME=VALUE"),
-        (["train", "--extra-args", "--wandb-key k"], "--wandb-key is not accepted"),
+        (["train", "--set", "wandb-key=k"], "train.py has no setting 'wandb-key'"),
+        (["train", "--set", "actor-num-nodes=2"], "--actor-num-nodes follows from the cluster"),
+        (["train", "--set", "lora-rank"], "--set 'lora-rank': give NAME=VALUE"),
         (["prepare", "--run-id", "../x"], "--run-id must be"),
-        (["prepare", "--model-name", "../Qwen3-4B"], "--model-name must be a Hub model name"),
         (["pretrain"], "No such command 'pretrain'"),
     ],
 )
@@ -140,30 +143,35 @@ def test_joining_a_running_cluster_touches_no_local_process(capsys):
     assert job.entrypoint[job.entrypoint.index("--actor-num-nodes") + 1] == "2"
 
 
-def test_model_name_picks_the_hub_repo_and_its_directory(capsys):
-    status, out, _ = cli(AMD, ["prepare", "--dry-run", "--model-name", "Qwen3-8B"], capsys)
+def test_a_setting_changes_what_prepare_fetches(capsys):
+    status, out, _ = cli(AMD, ["prepare", "--dry-run", "--set", "eval-prompt-data="], capsys)
     assert status == 0
-    assert "hf download Qwen/Qwen3-8B \\\n" in out
-    assert "--local-dir /home/u/models/Qwen3-8B\n" in out
-    assert "Qwen3-4B" not in out
+    assert "hf download Qwen/Qwen3-4B \\\n" in out and "aime" not in out
 
 
 def test_options_come_from_project_env_vars(capsys, monkeypatch):
-    monkeypatch.setenv("GRPO_LAUNCHER_LORA_RANK", "16")
-    monkeypatch.setenv("GRPO_LAUNCHER_ENABLE_EVAL", "false")
-    status, out, _ = cli(AMD, ["train", "--dry-run", "--lr", "1e-05"], capsys)
+    monkeypatch.setenv("GRPO_LAUNCHER_RUN_ID", "from-env")
+    status, out, _ = cli(AMD, ["train", "--dry-run", "--set", "lr=3e-05"], capsys)
     assert status == 0
-    assert "--lora-rank 16 \\\n" in out and "--lr 1e-05 \\\n" in out
-    assert "aime" not in out
+    assert "--output-dir /home/u/outputs/from-env \\\n" in out and "--lr 3e-05 \\\n" in out
 
 
 def test_a_bad_value_from_the_environment_names_its_variable(capsys, monkeypatch):
-    monkeypatch.setenv("GRPO_LAUNCHER_LORA_RANK", "abc")
+    monkeypatch.setenv("GRPO_LAUNCHER_NUM_NODES", "abc")
     status, _, err = cli(AMD, ["train", "--dry-run"], capsys)
     assert status == 2 and err.count("\n") == 1
-    assert "GRPO_LAUNCHER_LORA_RANK='abc'" in err and "--lora-rank" in err
-    status, _, err = cli(AMD, ["train", "--dry-run", "--lora-rank", "x"], capsys)
-    assert status == 2 and "GRPO_LAUNCHER_LORA_RANK" not in err  # the command line gave it
+    assert "GRPO_LAUNCHER_NUM_NODES='abc'" in err and "--num-nodes" in err
+    status, _, err = cli(AMD, ["train", "--dry-run", "--num-nodes", "x"], capsys)
+    assert status == 2 and "GRPO_LAUNCHER_NUM_NODES" not in err  # the command line gave it
+
+
+def test_settings_go_in_order_and_the_last_wins(capsys):
+    argv = ["train", "--dry-run", "--set", "lora-rank=16", "--set", "lora.lora_rank=32"]
+    argv += ["--set", "sglang-log-level=warning", "--set", "lora-base-cpu-backup=false"]
+    status, out, _ = cli(AMD, argv, capsys)
+    assert status == 0
+    assert "--lora-rank 32 \\\n" in out and "--sglang-log-level warning" in out
+    assert "--lora-base-cpu-backup" not in out
 
 
 def test_secrets_are_redacted_from_printed_recordings(capsys):
@@ -250,9 +258,12 @@ def test_live_mode_says_when_wandb_is_off_for_want_of_a_key(capsys):
 def test_help_lists_every_field_with_its_help_and_choices(capsys):
     status, out, _ = cli(AMD, ["train", "--help"], capsys)
     assert status == 0
-    for text in ("--lora-rank", "LoRA rank", "<auto|MI350X|MI355X>", "--dry-run", "--extra-args"):
+    for text in ("<auto|MI350X|MI355X>", "--dry-run", "--set NAME=VALUE", "--pass-env"):
         assert text in out
-    assert "--lora-base-cpu-backup / --no-lora-base-cpu-backup" in out
+    settings = [line.strip() for line in out[out.index("Training settings of") :].splitlines()]
+    lora_rank = next(spec for field, spec in flag_fields(LoraConfig) if field.name == "lora_rank")
+    assert f"--lora-rank 64: {lora_rank.help}" in settings  # with the field's own help
+    assert any(line.startswith("--lora-base-cpu-backup: ") for line in settings)
     status, out, _ = cli(AMD, ["--help"], capsys)
     assert status == 0 and "full-train" in out and "GRPO_LAUNCHER_" in out
 
@@ -314,8 +325,8 @@ NO_GPU = "CPU has no GPU; drop --num-gpus-per-node"
 @pytest.mark.parametrize(
     ("argv", "reason"),
     [
-        (["prepare", "--seed", "99999999999999999999"], "--seed must be in [0, 4294967295]"),
-        (["train", "--seed", "-1"], "--seed must be in [0, 4294967295] (got -1)"),
+        (["prepare", "--set", "seed=99999999999999999999"], "--seed must be in [0, 4294967295]"),
+        (["train", "--set", "seed=-1"], "--seed must be in [0, 4294967295] (got -1)"),
         (["train", "--ray-num-cpus=-1"], "--ray-num-cpus must be >= 1 (got -1)"),
         (["worker", "--head-address", "h", "--ray-num-cpus", "0"], "--ray-num-cpus must be >= 1"),
         (["train", "--actor-ranks", "0"], "--actor-ranks must be >= 1 (got 0)"),
@@ -356,12 +367,12 @@ def test_an_output_dir_that_cannot_be_written_stops_a_live_run_before_it_starts(
     ), "the run started"
 
 
-def test_a_secret_value_in_the_extra_args_is_refused_never_shown(capsys):
+def test_a_secret_value_in_a_setting_is_refused_never_shown(capsys):
     """In train.py's argv a secret is visible to every user of the node (``ps``)."""
     secret = "s3cr3t-service-token"
     for extra in (
-        ["--extra-args", f"--wandb-project {secret}", "--extra-env", f"MY_SERVICE_TOKEN={secret}"],
-        ["--extra-args", f"--wandb-project {secret}"],
+        ["--set", f"wandb-project={secret}", "--extra-env", f"MY_SERVICE_TOKEN={secret}"],
+        ["--set", f"wandb-project={secret}"],
     ):
         for dry_run in ([], ["--dry-run"]):
             spy = SpyRunner()
@@ -370,7 +381,7 @@ def test_a_secret_value_in_the_extra_args_is_refused_never_shown(capsys):
             )
             assert (status, out, spy.plans) == (2, "", [])
             assert secret not in err and err.count("\n") == 1
-            assert "--extra-args holds the value of MY_SERVICE_TOKEN, a secret" in err
+            assert "--set holds the value of MY_SERVICE_TOKEN, a secret" in err
 
 
 def test_pass_env_takes_a_variable_by_name_and_refuses_a_missing_one(capsys):

@@ -1,8 +1,8 @@
 """Qwen3-4B GRPO LoRA on AMD Instinct MI350X / MI355X (Megatron-Bridge training, SGLang rollout).
 
-The shared Qwen3-4B LoRA recipe (launchers/recipes/qwen3_4b_lora.py) with SGLang's attention and
-LoRA backends pinned to Triton: the CUDA-only backends do not exist on ROCm. The ROCm
-environment (Ray keeps its hands off device visibility, HIP_VISIBLE_DEVICES is mirrored into
+The shared Qwen3-4B LoRA recipe (launchers/recipes/qwen3_4b.py) with SGLang's attention and LoRA
+backends pinned to Triton: the CUDA-only backends do not exist on ROCm. The ROCm environment
+(Ray keeps its hands off device visibility, HIP_VISIBLE_DEVICES is mirrored into
 CUDA_VISIBLE_DEVICES, no NVLink SHARP) comes from harness.platform.
 
     python -m launchers.amd.run_qwen3_4b_lora prepare
@@ -12,18 +12,36 @@ CUDA_VISIBLE_DEVICES, no NVLink SHARP) comes from harness.platform.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
+from harness import LauncherArgs, arg, recipe_launcher
 from harness.cli import main
-from launchers.recipes import qwen3_4b_lora as recipe
+from launchers.recipes import qwen3_4b as recipe
+from trainer.config import TrainConfig
 
 # ROCm has none of SGLang's CUDA-only backends: Triton for attention and for LoRA.
 SGLANG = recipe.SGLangBackends(attention="triton", lora="triton")
 
-LAUNCHER = recipe.launcher(
+
+@dataclass(frozen=True)
+class Args(LauncherArgs):
+    hardware: Literal["auto", "MI350X", "MI355X"] = arg(
+        "auto", "GPU model; auto detects it on the node"
+    )
+
+
+def config(args: Args) -> TrainConfig:
+    return recipe.config(args, sglang=SGLANG, wandb_project="qwen3-4b-lora-amd")
+
+
+LAUNCHER = recipe_launcher(
     __name__,
-    hardware=("MI350X", "MI355X"),
+    args=Args,
+    config=config,
+    prepare=recipe.prepare,
+    train=recipe.train,
     recorded_hardware="MI355X",
-    sglang=SGLANG,
-    wandb_project="qwen3-4b-lora-amd",
     evidence=(
         "upstream run of this recipe (seed PR #3183): 100 steps on 8x MI355X, ROCm 7.2, "
         "rollout/train log-prob abs diff 0.0123 (threshold 0.03), AIME-2024 avg@16 "

@@ -7,6 +7,7 @@ A recipe and its launcher in one file: copy it to start a launcher for a new mod
 (docs/adding-a-launcher.md).
 
     python -m launchers.cpu.run_tiny_qwen3_lora full-train --run-id demo
+    python -m launchers.cpu.run_tiny_qwen3_lora train --run-id demo --set num-rollout=60
 """
 
 from __future__ import annotations
@@ -15,20 +16,30 @@ from dataclasses import dataclass
 from typing import Literal
 
 from harness import (
-    CLUSTER_FLAGS,
     LaunchContext,
     LauncherArgs,
     LaunchError,
     Shell,
     arg,
     execute_train,
-    flags,
+    recipe_config,
     recipe_launcher,
-    train_flags,
-    wandb_flags,
 )
 from harness.cli import main
-from trainer.arguments import MAX_SEED
+from trainer.config import (
+    AlgorithmConfig,
+    BatchConfig,
+    CheckpointConfig,
+    DataConfig,
+    EvalConfig,
+    LoraConfig,
+    MiscConfig,
+    OptimizerConfig,
+    PlacementConfig,
+    RewardConfig,
+    RolloutConfig,
+    TrainConfig,
+)
 
 
 @dataclass(frozen=True)
@@ -37,27 +48,11 @@ class Args(LauncherArgs):
     wandb_mode: Literal["online", "offline", "disabled"] = arg(
         "disabled", "wandb logging; online needs WANDB_API_KEY in the environment"
     )
-    wandb_project: str = arg("tiny-qwen3-lora-cpu", "wandb project")
-    seed: int = arg(0, "seed of the tiny model, its task and training")
     ray_num_cpus: int = arg(2, "CPUs of each Ray node")
     actor_ranks: int = arg(1, "training ranks (Ray actors) on each node")
 
-    lora_rank: int = arg(8, "LoRA rank")
-    lora_alpha: int = arg(16, "LoRA alpha")
-    num_rollout: int = arg(30, "rollouts (one optimizer update each)")
-    rollout_batch_size: int = arg(8, "prompts per rollout")
-    n_samples_per_prompt: int = arg(8, "samples per prompt (the GRPO group)")
-    rollout_max_response_len: int = arg(4, "response window in tokens")
-    global_batch_size: int = arg(64, "samples per optimizer update")
-    micro_batch_size: int = arg(32, "samples per forward/backward pass of a rank")
-    lr: float = arg(5e-3, "learning rate")
-    save_interval: int = arg(10, "save a checkpoint every N rollouts")
-    eval_interval: int = arg(10, "evaluate every N rollouts")
-
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0 <= self.seed <= MAX_SEED:
-            raise LaunchError(f"--seed must be in [0, {MAX_SEED}] (got {self.seed})")
         if self.ray_num_cpus < 1:
             raise LaunchError(f"--ray-num-cpus must be >= 1 (got {self.ray_num_cpus})")
         if self.actor_ranks < 1:
@@ -72,65 +67,68 @@ class Args(LauncherArgs):
         return self.actor_ranks
 
 
-def prepare(ctx: LaunchContext, args: Args) -> None:
-    """Build the tiny model and the tiny task locally."""
-    tiny = flags(
-        model_dir=f"{args.model_dir}/tiny-qwen3",
-        data_dir=f"{args.data_dir}/tiny-task",
-        seed=args.seed,
-    )
-    ctx.emit(Shell(("python3", "-m", "trainer.tiny", *tiny), cwd=ctx.host.checkout))
-
-
-def train(ctx: LaunchContext, args: Args) -> None:
-    """Train on a local Ray head with the tiny model and task already built; stop Ray after."""
-    data = f"{args.data_dir}/tiny-task"
-    checkpoints = f"{args.output_dir}/{args.run_id}/checkpoints"
-    argv = [
-        *train_flags(
+def config(args: Args) -> TrainConfig:
+    """The recipe: LoRA r8 on every linear layer of the tiny Qwen3, 8 prompts x 8 samples per
+    rollout in one optimizer update, a checkpoint and an eval every 10 of 30 rollouts."""
+    task = f"{args.data_dir}/tiny-task"
+    run = f"{args.output_dir}/{args.run_id}"
+    return TrainConfig(
+        checkpoint=CheckpointConfig(
             hf_checkpoint=f"{args.model_dir}/tiny-qwen3",
-            load=checkpoints,
-            save=checkpoints,
-            save_interval=args.save_interval,
-            output_dir=f"{args.output_dir}/{args.run_id}",
-            seed=args.seed,
+            load=f"{run}/checkpoints",
+            save=f"{run}/checkpoints",
+            save_interval=10,
+            output_dir=run,
         ),
-        *train_flags(
-            lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, target_modules="all-linear"
-        ),
-        *train_flags(
-            prompt_data=f"{data}/train.jsonl",
+        lora=LoraConfig(lora_rank=8, lora_alpha=16),
+        data=DataConfig(
+            prompt_data=f"{task}/train.jsonl",
             input_key="prompt",
             label_key="label",
             apply_chat_template=True,
             rollout_shuffle=True,
-            rm_type="tiny",
-            num_rollout=args.num_rollout,
-            rollout_batch_size=args.rollout_batch_size,
-            n_samples_per_prompt=args.n_samples_per_prompt,
-            rollout_max_response_len=args.rollout_max_response_len,
-            rollout_temperature=1.0,
-            global_batch_size=args.global_batch_size,
-            micro_batch_size=args.micro_batch_size,
         ),
-        *train_flags(
-            eval_interval=args.eval_interval,
-            eval_prompt_data=("tiny", f"{data}/eval.jsonl"),
-            n_samples_per_eval_prompt=1,
+        reward=RewardConfig(rm_type="tiny"),
+        rollout=RolloutConfig(
+            num_rollout=30,
+            rollout_batch_size=8,
+            n_samples_per_prompt=8,
+            rollout_max_response_len=4,
         ),
-        *train_flags(optimizer="adam", lr=args.lr, lr_decay_style="constant"),
-        *train_flags(advantage_estimator="grpo", eps_clip=0.2, eps_clip_high=0.28),
-        *wandb_flags(ctx, args),
-        *train_flags(train_backend="torch", rollout_backend="hf"),
-        CLUSTER_FLAGS,
-        *train_flags(colocate=True),
+        batch=BatchConfig(global_batch_size=64, micro_batch_size=32),
+        eval=EvalConfig(
+            eval_interval=10,
+            eval_prompt_data=("tiny", f"{task}/eval.jsonl"),
+        ),
+        optimizer=OptimizerConfig(lr=5e-3),
+        algorithm=AlgorithmConfig(advantage_estimator="grpo", eps_clip_high=0.28),
+        placement=PlacementConfig(train_backend="torch", rollout_backend="hf", colocate=True),
+        misc=MiscConfig(seed=0),
+    )
+
+
+def prepare(ctx: LaunchContext, args: Args) -> None:
+    """Build the tiny model and the tiny task locally (seeded by the run's --seed)."""
+    seed = recipe_config(ctx, args).misc.seed
+    argv = [
+        "--model-dir",
+        f"{args.model_dir}/tiny-qwen3",
+        "--data-dir",
+        f"{args.data_dir}/tiny-task",
     ]
-    execute_train(ctx, args, argv, stop_ray=True)
+    argv += ["--seed", str(seed)]
+    ctx.emit(Shell(("python3", "-m", "trainer.tiny", *argv), cwd=ctx.host.checkout))
+
+
+def train(ctx: LaunchContext, args: Args) -> None:
+    """Train on a local Ray head with the tiny model and task already built; stop Ray after."""
+    execute_train(ctx, args, stop_ray=True)
 
 
 LAUNCHER = recipe_launcher(
     __name__,
     args=Args,
+    config=config,
     prepare=prepare,
     train=train,
     recorded_hardware="CPU",

@@ -17,6 +17,7 @@ import functools
 import json
 import math
 import re
+import shlex
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -157,7 +158,7 @@ def from_values(group: type, values: Mapping[str, Any]) -> Any:
     return group(**given)
 
 
-def _default(field: dataclasses.Field) -> Any:
+def field_default(field: dataclasses.Field) -> Any:
     if field.default_factory is not _MISSING:
         return field.default_factory()
     return field.default
@@ -168,7 +169,7 @@ def render_group(group: object) -> list[str]:
     argv: list[str] = []
     for field, spec in flag_fields(group):
         value = getattr(group, field.name)
-        if value == _default(field):
+        if value == field_default(field):
             continue
         name = spec.negated or option(field.name)
         if isinstance(value, bool):
@@ -218,3 +219,33 @@ def fraction(group: object, *names: str, closed_at_one: bool = False) -> Iterato
             yield f"{option(name)} must be in (0, 1] (got {value})"
         elif not closed_at_one and not 0.0 <= value < 1.0:
             yield f"{option(name)} must be in [0, 1) (got {value})"
+
+
+def parse_value(group: type, name: str, text: str) -> Any:
+    """The value of `group`'s field `name` that `text` gives, read as train.py reads the flag
+    (its type, its choices; a list flag's items split as a shell splits them). A boolean reads
+    ``true``/``false`` (``1``/``0``, ``yes``/``no``); an empty `text` clears a field whose
+    default is None. Raises ``ValueError`` with the reason."""
+    field = next(f for f, _ in flag_fields(group) if f.name == name)
+    element, many = _scalar(typing.get_type_hints(group)[name])
+    if element is bool:
+        answer = text.strip().lower()
+        if answer not in _BOOLEANS:
+            raise ValueError(f"{option(name)} takes true or false, not {text!r}")
+        return _BOOLEANS[answer]
+    if not text.strip() and field_default(field) is None:
+        return None
+    flag_name, kwargs = next(item for item in _arguments(group) if item[1]["dest"] == name)
+    listed = kwargs.get("choices")
+    kwargs = {**kwargs, "required": True, "choices": listed() if callable(listed) else listed}
+    parser = argparse.ArgumentParser(prog=option(name), add_help=False, exit_on_error=False)
+    parser.add_argument(flag_name, **kwargs)
+    tokens = [flag_name, *shlex.split(text)] if many else value_tokens(flag_name, text)
+    try:
+        parsed = vars(parser.parse_args(tokens))[name]
+    except (argparse.ArgumentError, SystemExit) as err:
+        raise ValueError(f"{option(name)} {text!r}: {getattr(err, 'message', err)}") from None
+    return tuple(parsed) if isinstance(parsed, list) else parsed
+
+
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}

@@ -1,0 +1,127 @@
+"""The Qwen3-4B GRPO LoRA recipe (Megatron-Bridge training, SGLang rollout), for every platform.
+
+Everything but the platform is said here, once, as a training config: LoRA, rollout shape,
+engines, eval, optimizer, GRPO, data and checkpoints (`config`), what `prepare` downloads, and
+the job's environment (`train`). A platform's launcher file declares its hardware and calls
+`config` with its SGLang kernels (`SGLangBackends`) and wandb project; the platform environment
+follows from the hardware (harness.platform), the placement from the cluster
+(harness.cluster_shape). tests/test_qwen3_4b_lora_twins.py holds the launchers to that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness import HubDownload, LaunchContext, LauncherArgs, execute_train, recipe_config
+from trainer.config import (
+    AlgorithmConfig,
+    BatchConfig,
+    CheckpointConfig,
+    DataConfig,
+    EvalConfig,
+    LoraConfig,
+    MegatronConfig,
+    OptimizerConfig,
+    PlacementConfig,
+    RewardConfig,
+    RolloutConfig,
+    SGLangConfig,
+    TrainConfig,
+    WandbConfig,
+)
+
+MODEL_REPO = "Qwen/Qwen3-4B"
+TRAIN_DATA_REPO = "zhuzilin/dapo-math-17k"
+EVAL_DATA_REPO = "zhuzilin/aime-2024"
+
+
+@dataclass(frozen=True)
+class SGLangBackends:
+    """SGLang kernels of one platform: ``--sglang-attention-backend``, ``--sglang-lora-backend``."""
+
+    attention: str
+    lora: str
+
+
+def config(args: LauncherArgs, *, sglang: SGLangBackends, wandb_project: str) -> TrainConfig:
+    """The recipe on `args`' directories and run id, with SGLang's `sglang` kernels."""
+    data, run = args.data_dir, f"{args.output_dir}/{args.run_id}"
+    return TrainConfig(
+        checkpoint=CheckpointConfig(
+            hf_checkpoint=f"{args.model_dir}/{MODEL_REPO.split('/')[1]}",
+            load=f"{run}/checkpoints",
+            save=f"{run}/checkpoints",
+            save_interval=50,
+            output_dir=run,
+        ),
+        # LoRA: the Qwen3-4B Megatron LoRA recipe validated on CUDA.
+        lora=LoraConfig(lora_rank=64, lora_alpha=32, lora_base_cpu_backup=True),
+        data=DataConfig(
+            prompt_data=f"{data}/dapo-math-17k/dapo-math-17k.jsonl",
+            input_key="prompt",
+            label_key="label",
+            apply_chat_template=True,
+            rollout_shuffle=True,
+        ),
+        reward=RewardConfig(rm_type="deepscaler"),
+        # 8 prompts x 8 samples = one 64-sample update per rollout, 8,192-token responses.
+        rollout=RolloutConfig(
+            num_rollout=100,
+            rollout_batch_size=8,
+            n_samples_per_prompt=8,
+            rollout_max_response_len=8192,
+        ),
+        batch=BatchConfig(global_batch_size=64, balance_data=True),
+        # AIME-2024, avg@16, every 20 rollouts.
+        eval=EvalConfig(
+            eval_interval=20,
+            eval_prompt_data=("aime24", f"{data}/aime-2024/aime-2024.jsonl"),
+            n_samples_per_eval_prompt=16,
+            eval_max_response_len=16384,
+            eval_top_p=1.0,
+        ),
+        optimizer=OptimizerConfig(lr=2e-5, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.98),
+        algorithm=AlgorithmConfig(
+            advantage_estimator="grpo",
+            kl_loss_coef=0.0,
+            kl_loss_type="low_var_kl",
+            entropy_coef=0.0,
+            eps_clip_high=0.28,
+            loss_agg="token-mean",
+        ),
+        wandb=WandbConfig(wandb_project=wandb_project),
+        # Megatron-Bridge training and one 4B SGLang engine per GPU, colocated.
+        placement=PlacementConfig(
+            train_backend="megatron",
+            rollout_backend="sglang",
+            rollout_num_gpus_per_engine=1,
+            colocate=True,
+        ),
+        megatron=MegatronConfig(
+            megatron_to_hf_mode="bridge",
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+            accumulate_allreduce_grads_in_fp32=True,
+            attention_softmax_in_fp32=True,
+        ),
+        sglang=SGLangConfig(
+            sglang_mem_fraction_static=0.4,
+            sglang_chunked_prefill_size=4096,
+            sglang_lora_backend=sglang.lora,
+            sglang_attention_backend=sglang.attention,
+        ),
+    )
+
+
+def prepare(ctx: LaunchContext, args: LauncherArgs) -> None:
+    """Download Qwen3-4B, DAPO-Math-17k and, with eval on, AIME-2024."""
+    ctx.emit(HubDownload(MODEL_REPO, recipe_config(ctx, args).checkpoint.hf_checkpoint))
+    ctx.emit(HubDownload(TRAIN_DATA_REPO, f"{args.data_dir}/dapo-math-17k", "dataset"))
+    if recipe_config(ctx, args).eval.eval_prompt_data:
+        ctx.emit(HubDownload(EVAL_DATA_REPO, f"{args.data_dir}/aime-2024", "dataset"))
+
+
+def train(ctx: LaunchContext, args: LauncherArgs) -> None:
+    """Run GRPO LoRA training on the model and data already on the node."""
+    # Megatron overlaps communication with compute only on a single hardware queue.
+    execute_train(ctx, args, job_env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
