@@ -26,7 +26,14 @@ from typing import Any, NoReturn
 
 from trainer.backends import registry
 from trainer.config import TrainConfig
-from trainer.config.flags import add_group, from_values, is_flag, render_group, value_tokens
+from trainer.config.flags import (
+    add_group,
+    flag_fields,
+    from_values,
+    is_flag,
+    render_group,
+    value_tokens,
+)
 from trainer.config.misc import MAX_SEED
 from trainer.config.sglang import PREFIX as SGLANG_PREFIX
 from trainer.errors import UsageError
@@ -59,9 +66,48 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(" ".join(message.split()))
 
 
+def _shown_defaults() -> dict[str, str]:
+    """Each flag's default as ``--help`` shows it, by field name: values only. A switch, an
+    unset (None) or empty default shows none: the flag's absence is its default, and a derived
+    default is the help text's to say."""
+    shown = {}
+    for group in _GROUPS.values():
+        for field, _ in flag_fields(group):
+            value = field.default
+            if field.default_factory is not dataclasses.MISSING:
+                value = field.default_factory()
+            if value is dataclasses.MISSING or value is None or isinstance(value, bool):
+                continue
+            if isinstance(value, tuple | dict) and not value:
+                continue
+            shown[field.name] = str(value)
+    return shown
+
+
+_SHOWN_DEFAULTS = _shown_defaults()
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """``--help`` with each flag's default after its help, as the launchers show theirs (the
+    parser's own defaults are SUPPRESS: the config's fields hold them)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        default = _SHOWN_DEFAULTS.get(action.dest)
+        if default is None or not action.option_strings:
+            return text
+        shown = f"[default: {default}]".replace("%", "%%")  # argparse %-formats help
+        return f"{text} {shown}" if text else shown
+
+
 def build_parser() -> argparse.ArgumentParser:
     """argparse over every group's flags; the backend choices are the registry's names."""
-    parser = _Parser(prog=PROG, description="GRPO LoRA trainer on Ray.", allow_abbrev=False)
+    parser = _Parser(
+        prog=PROG,
+        description="GRPO LoRA trainer on Ray.",
+        allow_abbrev=False,
+        formatter_class=_HelpFormatter,
+    )
     backends = {
         "train_backend": tuple(registry.TRAIN_BACKENDS),
         "rollout_backend": tuple(registry.ROLLOUT_BACKENDS),

@@ -37,11 +37,30 @@ class AlgorithmConfig:
         False,
         help="whiten the advantages over all response tokens of the rollout (every DP rank)",
     )
-    use_kl_loss: bool = flag(False)
-    kl_loss_coef: float = flag(0.0)
-    kl_loss_type: str = flag("k1", choices=KL_TYPES)
-    entropy_coef: float = flag(0.0)
-    eps_clip: float = flag(0.2)
+    use_kl_loss: bool = flag(
+        False,
+        help="KL to the reference policy (the adapter switched off) in the loss, times "
+        "--kl-loss-coef; runs a reference forward each rollout and logs train/kl",
+    )
+    kl_loss_coef: float = flag(
+        0.0, help="weight of the KL term in the loss (with --use-kl-loss); 0 only logs the KL"
+    )
+    kl_loss_type: str = flag(
+        "k1",
+        choices=KL_TYPES,
+        help="per-token KL estimator, from log r = logp - ref of the sampled tokens: k1 log r, "
+        "k2 (log r)^2 / 2, k3 exp(-log r) + log r - 1, low_var_kl k3 clamped (as miles, verl)",
+    )
+    entropy_coef: float = flag(
+        0.0,
+        help="entropy bonus: the loss subtracts this times the policy's entropy over the "
+        "response tokens (aggregated as --loss-agg); train/entropy is logged either way",
+    )
+    eps_clip: float = flag(
+        0.2,
+        help="lower PPO clip range: the ratio is clipped below at 1 - eps (and above at 1 + eps "
+        "unless --eps-clip-high)",
+    )
     eps_clip_high: float | None = flag(None, help="upper clip; defaults to --eps-clip")
     eps_clip_c: float | None = flag(
         None, help="dual-clip PPO: cap a negative advantage's loss (> 1)"

@@ -12,7 +12,11 @@ from trainer.config.flags import flag, positive
 class BatchConfig:
     TITLE = "training batches"
 
-    global_batch_size: int | None = flag(None, help="samples per optimizer step")
+    global_batch_size: int | None = flag(
+        None,
+        help="samples per optimizer step, over all data-parallel ranks; default: all samples of "
+        "a rollout (one update per rollout), or their share with --num-steps-per-rollout",
+    )
     num_steps_per_rollout: int | None = flag(
         None,
         help="optimizer steps per rollout: sets --global-batch-size to the rollout's samples / N",
@@ -22,8 +26,17 @@ class BatchConfig:
         help="miles' flag, accepted as a check: the rollout's samples must already make one "
         "optimizer step (--global-batch-size); needs --use-dynamic-batch-size",
     )
-    micro_batch_size: int = flag(1)
-    balance_data: bool = flag(False)
+    micro_batch_size: int = flag(
+        1,
+        help="samples per forward/backward pass on each data-parallel rank; gradients "
+        "accumulate over a step's micro-batches (Megatron with --use-dynamic-batch-size packs "
+        "by --max-tokens-per-gpu instead)",
+    )
+    balance_data: bool = flag(
+        False,
+        help="give each data-parallel rank a similar token count of every optimizer step "
+        "(greedy, longest sample first; miles: Karmarkar-Karp); else consecutive slices",
+    )
 
     def resolved(self, samples: int) -> BatchConfig:
         """`samples`: the rollout's samples, which the optimizer steps of a rollout share."""

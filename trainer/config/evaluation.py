@@ -13,12 +13,32 @@ from trainer.config.rollout import RolloutConfig
 class EvalConfig:
     TITLE = "eval"
 
-    eval_interval: int | None = flag(None)
-    eval_prompt_data: tuple[str, ...] | None = flag(None, nargs="+", metavar="NAME PATH")
-    n_samples_per_eval_prompt: int = flag(1)
-    eval_max_response_len: int | None = flag(None)
-    eval_temperature: float | None = flag(None)
-    eval_top_p: float | None = flag(None)
+    eval_interval: int | None = flag(
+        None,
+        help="evaluate every N rollouts; the last rollout is always evaluated, so without this "
+        "flag only it is (unlike miles, no eval before training); needs --eval-prompt-data",
+    )
+    eval_prompt_data: tuple[str, ...] | None = flag(
+        None,
+        nargs="+",
+        metavar="NAME PATH",
+        help="eval sets as NAME PATH pairs, read like --prompt-data (same keys, chat template "
+        "and --rollout-max-prompt-len); logged as eval/NAME, the mean reward",
+    )
+    n_samples_per_eval_prompt: int = flag(
+        1, help="responses per eval prompt; eval/NAME averages the reward over all of them"
+    )
+    eval_max_response_len: int | None = flag(
+        None, help="most tokens generated per eval response; default: --rollout-max-response-len"
+    )
+    eval_temperature: float | None = flag(
+        None, help="sampling temperature of the evals; default: --rollout-temperature"
+    )
+    eval_top_p: float | None = flag(
+        None,
+        help="top-p of the evals; default: --rollout-top-p (evals take --rollout-top-k and the "
+        "stop settings from the rollout)",
+    )
     eval_datasets: dict[str, str] = collected(dict)  # --eval-prompt-data's pairs, by name
 
     def resolved(self, rollout: RolloutConfig) -> EvalConfig:

@@ -15,12 +15,28 @@ ADAPTER, MERGED = "adapter", "merged"
 class LoraConfig:
     TITLE = "LoRA"
 
-    lora_rank: int = flag(16)
-    lora_alpha: float = flag(32.0)
-    lora_dropout: float = flag(0.0)
+    lora_rank: int = flag(
+        16,
+        help="rank r of every LoRA adapter, also SGLang's max_lora_rank; LoRA is always on, so "
+        "> 0 (miles: 0, LoRA off)",
+    )
+    lora_alpha: float = flag(
+        32.0, help="LoRA scale numerator: an adapter's output is scaled by alpha / r (miles: 16)"
+    )
+    lora_dropout: float = flag(
+        0.0,
+        help="dropout on the adapters' input; only 0 is accepted (the old log-probs come without "
+        "dropout, so any other rate skews the PPO ratio)",
+    )
     target_modules: str = flag(ALL_LINEAR, help='comma list or "all-linear"')
     exclude_modules: str | None = flag(None, help="comma list of modules to leave without LoRA")
-    lora_base_cpu_backup: bool = flag(False)
+    lora_base_cpu_backup: bool = flag(
+        False,
+        help="colocated with memory release: while the engines generate, the trainer frees the "
+        "GPU copy of the frozen base weights (restored from pinned CPU memory) and an SGLang "
+        "engine frees its weights too (enable_weights_cpu_backup); more free GPU memory for a "
+        "host-to-device copy per rollout",
+    )
     lora_serving: str = flag(
         ADAPTER,
         choices=(ADAPTER, MERGED),

@@ -14,7 +14,11 @@ MAX_SEED = 2**32 - 1  # numpy's and SGLang's seeds are 32-bit
 class MiscConfig:
     TITLE = "misc"
 
-    seed: int = flag(1234)
+    seed: int = flag(
+        1234,
+        help="seed of the run: LoRA initialisation, prompt order, per-request sampling seeds and "
+        "the engines' random state (SGLang: seed + engine index); a resume must keep it",
+    )
     validate_only: bool = flag(False, help="print the resolved config as JSON and exit")
     check_adapter_sync: bool = flag(
         False,

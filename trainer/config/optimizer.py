@@ -12,15 +12,31 @@ from trainer.config.flags import flag, fraction, non_negative, positive
 class OptimizerConfig:
     TITLE = "optimizer"
 
-    optimizer: str = flag("adam", choices=("adam",))
-    lr: float = flag(1e-5)
-    lr_decay_style: str = flag("constant", choices=("constant", "cosine", "linear"))
-    lr_warmup_iters: int = flag(0)
-    min_lr: float = flag(0.0)
-    weight_decay: float = flag(0.0)
-    adam_beta1: float = flag(0.9)
-    adam_beta2: float = flag(0.98)
-    adam_eps: float = flag(1e-8)
+    optimizer: str = flag(
+        "adam",
+        choices=("adam",),
+        help="Adam with decoupled weight decay (torch's AdamW; Megatron's distributed Adam), "
+        "over the adapter's parameters only",
+    )
+    lr: float = flag(1e-5, help="peak learning rate (miles: 1e-6)")
+    lr_decay_style: str = flag(
+        "constant",
+        choices=("constant", "cosine", "linear"),
+        help="how the learning rate falls from --lr to --min-lr over the run's optimizer steps "
+        "after warmup (miles: linear)",
+    )
+    lr_warmup_iters: int = flag(
+        0, help="optimizer steps of linear warmup to --lr at the start of the run"
+    )
+    min_lr: float = flag(0.0, help="learning rate at the end of a cosine or linear decay")
+    weight_decay: float = flag(
+        0.0, help="decoupled (AdamW) weight decay of the adapter's parameters (miles: 0.01)"
+    )
+    adam_beta1: float = flag(0.9, help="Adam's decay rate of the running mean of the gradients")
+    adam_beta2: float = flag(
+        0.98, help="Adam's decay rate of the running mean of the squared gradients (miles: 0.999)"
+    )
+    adam_eps: float = flag(1e-8, help="Adam's term added to the denominator for stability")
     clip_grad: float = flag(1.0, help="max grad norm; 0 disables")
 
     def problems(self) -> Iterator[str]:

@@ -15,14 +15,42 @@ class PlacementConfig:
 
     TITLE = "placement"
 
-    train_backend: str = flag("torch")
-    rollout_backend: str = flag("hf")
-    actor_num_nodes: int = flag(1)
-    actor_num_gpus_per_node: int = flag(1)
-    num_gpus_per_node: int | None = flag(None, help="defaults to --actor-num-gpus-per-node")
-    rollout_num_gpus: int | None = flag(None, help="defaults to the actor total (colocated)")
-    rollout_num_gpus_per_engine: int = flag(1)
-    colocate: bool = flag(False)
+    train_backend: str = flag(
+        "torch",
+        help="the policy trainer: torch (PyTorch + PEFT, CPU or GPU) or megatron "
+        "(Megatron-Bridge, GPUs only; miles' default)",
+    )
+    rollout_backend: str = flag(
+        "hf",
+        help="the rollout engines: hf (transformers generate, CPU or GPU) or sglang (SGLang, "
+        "GPUs only; what miles runs)",
+    )
+    actor_num_nodes: int = flag(1, help="nodes of the training ranks")
+    actor_num_gpus_per_node: int = flag(
+        1,
+        help="training ranks per node, one GPU each (one process each with --device cpu) "
+        "(miles: 8)",
+    )
+    num_gpus_per_node: int | None = flag(
+        None,
+        help="GPUs of a node, only checked to hold --actor-num-gpus-per-node (Ray's resources "
+        "decide placement); defaults to --actor-num-gpus-per-node (miles: 8)",
+    )
+    rollout_num_gpus: int | None = flag(
+        None,
+        help="GPUs of all rollout engines together; default: the training GPUs when colocated, "
+        "else one engine's (--rollout-num-gpus-per-engine)",
+    )
+    rollout_num_gpus_per_engine: int = flag(
+        1,
+        help="GPUs per rollout engine (SGLang's tp_size); there are --rollout-num-gpus / N "
+        "engines, each serving an equal share of the requests",
+    )
+    colocate: bool = flag(
+        False,
+        help="the rollout engines run on the training GPUs, taking turns with the trainer (see "
+        "--colocate-memory); else they get --rollout-num-gpus GPUs of their own",
+    )
     colocate_memory: str = flag(
         "release",
         choices=("auto", "release", "keep"),
@@ -40,7 +68,13 @@ class PlacementConfig:
         None,
         help="Python interpreter of the rollout engines (as --train-python); default: the job's",
     )
-    device: str = flag("auto", choices=("auto", "cpu", "cuda"))
+    device: str = flag(
+        "auto",
+        choices=("auto", "cpu", "cuda"),
+        help="device of the training ranks and engines; auto: cuda where a selected backend "
+        "needs GPUs or GPUs are found, else cpu (which needs --train-backend torch and "
+        "--rollout-backend hf)",
+    )
     dtype: str = flag("auto", choices=("auto", "bf16", "fp32"), help="auto: bf16 GPU, fp32 CPU")
 
     @property

@@ -18,13 +18,31 @@ NONZERO_STD_FILTER = "trainer.sampling_filters.check_reward_nonzero_std"
 class RolloutConfig:
     TITLE = "rollout"
 
-    num_rollout: int | None = flag(None, help="rollout (= optimizer update) count")
+    num_rollout: int | None = flag(
+        None,
+        help="rollouts to run, each: generate, grade, then one or more optimizer steps "
+        "(--num-steps-per-rollout); unset: as many as --num-epoch takes",
+    )
     num_epoch: int | None = flag(None, help="epochs to train when --num-rollout is unset")
     rollout_batch_size: int = flag(4, help="prompts per rollout")
     n_samples_per_prompt: int = flag(4, help="GRPO group size")
-    rollout_max_response_len: int = flag(256)
-    rollout_temperature: float = flag(1.0)
-    rollout_top_p: float = flag(1.0)
+    rollout_max_response_len: int = flag(
+        256,
+        help="most tokens generated per response (max_new_tokens); a response cut there is "
+        "truncated (see --overlong-filter); also the constant of --loss-agg "
+        "seq-mean-token-sum-norm (miles: unset)",
+    )
+    rollout_temperature: float = flag(
+        1.0,
+        help="sampling temperature of the rollouts; the trainer's log-probs are "
+        "log_softmax(logits / T) with the same T, so the PPO ratio compares like with like; "
+        "0: greedy (log-probs at T = 1)",
+    )
+    rollout_top_p: float = flag(
+        1.0,
+        help="nucleus sampling: draw from the most likely tokens whose probability adds up to p; "
+        "1 disables it",
+    )
     rollout_top_k: int = flag(-1, help="-1 disables top-k")
     rollout_stop: tuple[str, ...] | None = flag(
         None,

@@ -14,10 +14,26 @@ PREFIX = "--sglang-"
 class SGLangConfig:
     TITLE = "sglang (any other --sglang-<name> VALUE goes to args.sglang_extra)"
 
-    sglang_mem_fraction_static: float | None = flag(None)
-    sglang_chunked_prefill_size: int | None = flag(None)
-    sglang_lora_backend: str | None = flag(None)
-    sglang_attention_backend: str | None = flag(None)
+    sglang_mem_fraction_static: float | None = flag(
+        None,
+        help="SGLang's mem_fraction_static: share of an engine GPU's memory for its weights and KV "
+        "cache (colocated, the rest is the trainer's; --colocate-memory auto needs it); unset: "
+        "SGLang's choice",
+    )
+    sglang_chunked_prefill_size: int | None = flag(
+        None,
+        help="SGLang's chunked_prefill_size: most tokens prefilled in one chunk (-1: no "
+        "chunking); smaller lowers the peak memory of long prompts; unset: SGLang's choice",
+    )
+    sglang_lora_backend: str | None = flag(
+        None,
+        help="SGLang's lora_backend, the kernels that apply the adapter (e.g. triton, csgmv); "
+        "ignored with --lora-serving merged; unset: SGLang's choice",
+    )
+    sglang_attention_backend: str | None = flag(
+        None,
+        help="SGLang's attention_backend (e.g. flashinfer, triton, fa3); unset: SGLang's choice",
+    )
     # every undeclared --sglang-<name> VALUE, by <name> (dashes): a ServerArgs field
     sglang_extra: dict[str, str] = collected(dict)
 

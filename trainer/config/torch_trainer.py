@@ -18,9 +18,9 @@ class TorchConfig:
     )
     log_probs_chunk_size: int = flag(
         -1,
-        help="torch backend: response tokens per chunk of the log-prob/entropy computation "
-        "(exact either way; smaller chunks hold less of the [tokens, vocab] logits at once); "
-        "-1: 512",
+        help="tokens per chunk of the log-prob/entropy computation (exact either way; smaller "
+        "chunks hold less of the [tokens, vocab] logits at once); -1: 512; read by the torch "
+        "backend and by Megatron at --tensor-model-parallel-size 1",
     )
 
     def problems(self) -> Iterator[str]:

@@ -12,10 +12,22 @@ from trainer.config.flags import flag
 class WandbConfig:
     TITLE = "wandb (the key comes from WANDB_API_KEY only)"
 
-    use_wandb: bool = flag(False)
-    wandb_project: str | None = flag(None)
-    wandb_group: str | None = flag(None)
-    wandb_run_name: str | None = flag(None)
+    use_wandb: bool = flag(
+        False,
+        help="log the metrics and the resolved config to Weights & Biases too (a resumed run "
+        "continues its wandb run); metrics.jsonl is written either way",
+    )
+    wandb_project: str | None = flag(
+        None, help="wandb project; unset: wandb's default (WANDB_PROJECT, if set)"
+    )
+    wandb_group: str | None = flag(
+        None,
+        help="wandb group of the run, as given (miles appends a random suffix and also names "
+        "the run after it)",
+    )
+    wandb_run_name: str | None = flag(
+        None, help="display name of the wandb run; unset: wandb makes one up"
+    )
     wandb_mode: str | None = flag(
         None,
         choices=("online", "offline", "disabled"),
