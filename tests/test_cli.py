@@ -144,7 +144,8 @@ def test_joining_a_running_cluster_touches_no_local_process(capsys):
 
 
 def test_a_setting_changes_what_prepare_fetches(capsys):
-    status, out, _ = cli(AMD, ["prepare", "--dry-run", "--set", "eval-prompt-data="], capsys)
+    no_eval = ["--set", "eval-prompt-data=", "--set", "eval-interval="]
+    status, out, _ = cli(AMD, ["prepare", "--dry-run", *no_eval], capsys)
     assert status == 0
     assert "hf download Qwen/Qwen3-4B \\\n" in out and "aime" not in out
 

@@ -7,40 +7,30 @@ from typing import Literal
 
 import pytest
 
-from harness import CLUSTER_FLAGS, LaunchContext, Launcher, LauncherArgs, Shell, build_plan
+from harness import LaunchContext, Launcher, LauncherArgs, Shell, build_plan
 from harness.cluster_shape import ClusterShape
 from harness.hardware import get_hardware
 from harness.host import record_host
+from trainer.arguments import parse_args
 
 
 def shape(hardware: str, nodes: int, gpus: int, ranks: int) -> ClusterShape:
     return ClusterShape(get_hardware(hardware), nodes, gpus, None, ranks)
 
 
-def test_the_flags_go_where_the_recipe_places_them():
-    argv = ["--lr", "1", CLUSTER_FLAGS, "--colocate"]
-    assert shape("H200", 2, 4, 4).fill(argv) == [
-        "--lr", "1", "--actor-num-nodes", "2", "--actor-num-gpus-per-node", "4",
-        "--num-gpus-per-node", "4", "--colocate",
-    ]  # fmt: skip
-    assert shape("CPU", 2, 0, 3).fill(argv) == [
-        "--lr", "1", "--device", "cpu", "--actor-num-nodes", "2",
-        "--actor-num-gpus-per-node", "3", "--colocate",
-    ]  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("argv", "problem"),
-    [
-        (["--lr", "1"], "places CLUSTER_FLAGS exactly once"),
-        ([CLUSTER_FLAGS, CLUSTER_FLAGS], "places CLUSTER_FLAGS exactly once"),
-        ([CLUSTER_FLAGS, "--actor-num-nodes", "1"], "--actor-num-nodes: derived from the cluster"),
-        (["--device", "cuda", CLUSTER_FLAGS], "--device: derived from the cluster"),
-    ],
-)
-def test_a_recipe_cannot_say_the_cluster_a_second_time(argv, problem):
-    with pytest.raises(TypeError, match=problem):
-        shape("H200", 1, 8, 8).fill(argv)
+def test_the_cluster_places_the_training_ranks():
+    config = parse_args(["--hf-checkpoint", "/m", "--prompt-data", "/d", "--lr", "1"])
+    placed = shape("H200", 2, 4, 4).place(config).placement
+    assert (placed.device, placed.actor_num_nodes, placed.actor_num_gpus_per_node) == (
+        "cuda" if config.placement.device == "cuda" else config.placement.device,
+        2,
+        4,
+    )
+    assert placed.num_gpus_per_node == 4
+    on_cpu = shape("CPU", 2, 0, 3).place(config)
+    assert on_cpu.placement.device == "cpu" and on_cpu.placement.actor_num_gpus_per_node == 3
+    assert on_cpu.placement.num_gpus_per_node is None
+    assert on_cpu.optimizer == config.optimizer, "the rest of the config is the recipe's"
 
 
 @dataclass(frozen=True)

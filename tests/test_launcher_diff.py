@@ -54,14 +54,14 @@ def _diff(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _double_lora_rank(repo: Path) -> tuple[int, int]:
+def _quadruple_lora_rank(repo: Path) -> tuple[int, int]:
     path = repo / LAUNCHER
     source = path.read_text()
-    match = re.search(r"lora_rank: int = arg\((\d+)", source)
-    assert match, f"{LAUNCHER} no longer declares a lora_rank default"
+    match = re.search(r"lora_rank=(\d+)", source)
+    assert match, f"{LAUNCHER} no longer sets lora_rank"
     old = int(match[1])
-    path.write_text(source.replace(match[0], f"lora_rank: int = arg({old * 2}", 1))
-    return old, old * 2
+    path.write_text(source.replace(match[0], f"lora_rank={old * 4}", 1))
+    return old, old * 4
 
 
 def _worktrees(repo: Path) -> list[str]:
@@ -79,7 +79,7 @@ def test_no_change_exits_0(repo: Path) -> None:
 
 
 def test_one_lora_default_is_exactly_one_flag_change(repo: Path) -> None:
-    old, new = _double_lora_rank(repo)
+    old, new = _quadruple_lora_rank(repo)
     text = _diff(repo, "--base", "HEAD")
     markdown = _diff(repo, "--base", "HEAD", "--format", "markdown")
 

@@ -92,8 +92,8 @@ def test_token_auth_and_sigterm_on_the_launchers_ray(tmp_path):
         "sigterm",
         log,
         ports,
-        "--num-rollout",
-        "1000",
+        "--set",
+        "num-rollout=1000",
         env={"RAY_AUTH_TOKEN": users_token},
     )
     bystanders: list[subprocess.Popen[bytes]] = []

@@ -51,7 +51,7 @@ def start_launcher(tmp_path: Path, run_id: str, ports: LauncherPorts) -> subproc
     """`train` of `run_id` in a session of its own, as a shell starts a foreground job."""
     tiny.build(tmp_path / "models" / "tiny-qwen3", tmp_path / "data" / "tiny-task", seed=0)
     log = tmp_path / "launcher.log"
-    return launch(tmp_path, run_id, log, ports, "--num-rollout", "1000", own_session=True)
+    return launch(tmp_path, run_id, log, ports, "--set", "num-rollout=1000", own_session=True)
 
 
 def wait_for_training(launcher: subprocess.Popen[bytes], log: Path) -> None:

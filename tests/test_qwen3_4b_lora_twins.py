@@ -56,7 +56,9 @@ def _rocm_removed(*steps: str) -> set[Change]:
 
 def _expected_train_changes(nodes: int = 1) -> set[Change]:
     flags = {
-        "--wandb-project": (amd.LAUNCHER.args().wandb_project, cuda.LAUNCHER.args().wandb_project),
+        "--wandb-project": tuple(
+            mod.config(mod.LAUNCHER.args(run_id="r")).wandb.wandb_project for mod in (amd, cuda)
+        ),
         "--sglang-lora-backend": (amd.SGLANG.lora, cuda.SGLANG.lora),
         "--sglang-attention-backend": (amd.SGLANG.attention, cuda.SGLANG.attention),
     }

@@ -60,8 +60,8 @@ def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
         log=tmp_path / "worker.log",
     )  # fmt: skip
     head = launcher(
-        "train", "--num-nodes", "2", "--actor-ranks", "1", "--num-rollout", "6",
-        "--save-interval", "6", "--eval-interval", "6",
+        "train", "--num-nodes", "2", "--actor-ranks", "1", "--set", "num-rollout=6",
+        "--set", "save-interval=6", "--set", "eval-interval=6",
         "--dashboard-port", str(dashboard_port), "--agent-port", str(agent_port),
         "--client-server-port", str(client_server_port), *common, log=tmp_path / "head.log",
     )  # fmt: skip

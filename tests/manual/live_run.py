@@ -129,3 +129,16 @@ def _stop(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def as_settings(flags: Sequence[str]) -> list[str]:
+    """train.py `flags` (``--lr 1e-4 --colocate --sglang-cuda-graph-bs 1 2``) as a launcher's
+    ``--set`` options (``--set lr=1e-4 --set colocate=true ...``)."""
+    settings: list[str] = []
+    for token in flags:
+        if token.startswith("--") and not token[2:3].isdigit():
+            settings += ["--set", f"{token[2:]}=true"]
+        else:
+            name, value = settings[-1].split("=", 1)
+            settings[-1] = f"{name}={token}" if value == "true" else f"{name}={value} {token}"
+    return settings

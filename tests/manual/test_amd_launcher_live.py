@@ -15,17 +15,15 @@ import pytest
 
 from harness.hardware import match_hardware
 from harness.host import CHECKOUT, detect_gpus
+from tests.manual.live_run import as_settings
 
 pytestmark = pytest.mark.rocm_gpu
 
 RUN_ID = "live-two-rollouts"
 MODULE = "launchers.amd.run_qwen3_4b_lora"
 SHORT = [
-    "--num-rollout",
-    "2",
-    "--save-interval",
-    "1",
-    "--no-enable-eval",
+    *as_settings(["--num-rollout", "2", "--save-interval", "1"]),
+    *as_settings(["--eval-interval", "", "--eval-prompt-data", ""]),
     "--wandb-mode",
     "disabled",
 ]

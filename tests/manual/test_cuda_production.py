@@ -48,7 +48,7 @@ import pytest
 
 from harness.hardware import match_hardware
 from harness.host import CHECKOUT, detect_gpus
-from tests.manual.live_run import run_streaming
+from tests.manual.live_run import as_settings, run_streaming
 from trainer import adapter_check, checkpoint
 from trainer.metrics import METRICS_FILE, read_metrics
 
@@ -134,10 +134,10 @@ def _launcher_command(
     return [
         sys.executable, "-m", "launchers.run_qwen3_4b_lora", "train",
         "--hardware", hardware, "--num-gpus-per-node", str(gpus),
-        "--model-dir", str(model.parent), "--model-name", model.name,
         "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "outputs"),
-        "--run-id", run_id, "--no-enable-eval", "--wandb-mode", "disabled",
-        "--extra-env", "NCCL_NVLS_ENABLE=0", *launcher_flags, "--extra-args", " ".join(extra),
+        "--run-id", run_id, "--wandb-mode", "disabled", "--extra-env", "NCCL_NVLS_ENABLE=0",
+        *as_settings(["--hf-checkpoint", str(model), "--eval-interval", "", "--eval-prompt-data",
+                      "", *launcher_flags, *extra]),
     ]  # fmt: skip
 
 

@@ -25,6 +25,7 @@ import pytest
 
 from harness.hardware import match_hardware
 from harness.host import CHECKOUT, detect_gpus
+from tests.manual.live_run import as_settings
 from trainer.checkpoint import ADAPTER_DIR, iter_dir
 from trainer.metrics import METRICS_FILE, read_metrics
 
@@ -32,8 +33,10 @@ RUN_ID = "production-backends"
 ROLLOUTS = 2
 # Two short rollouts: 8 prompts x 8 samples, responses up to 2048 tokens, a checkpoint each.
 SHORT = [
-    "--num-rollout", str(ROLLOUTS), "--save-interval", "1", "--rollout-max-response-len", "2048",
-    "--no-enable-eval", "--wandb-mode", "disabled",
+    *as_settings(["--num-rollout", str(ROLLOUTS), "--save-interval", "1",
+                  "--rollout-max-response-len", "2048", "--eval-interval", "",
+                  "--eval-prompt-data", ""]),
+    "--wandb-mode", "disabled",
 ]  # fmt: skip
 LOGPROB_DIFF_LIMIT = 0.03
 
