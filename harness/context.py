@@ -217,7 +217,7 @@ def check_local_outputs(plan: Plan) -> None:
     directory above them (another user could plant a symlink there and have the run
     overwrite a file of their choice)."""
     from owned_files import NotPrivate, owned_dir
-    from trainer.file_checks import writable_dir_problem
+    from trainer.run.file_checks import writable_dir_problem
 
     for flag, path in local_output_dirs(plan):
         if problem := writable_dir_problem(Path(path)):
@@ -233,9 +233,9 @@ def check_local_inputs(plan: Plan) -> None:
     it resumes from) passes train.py's own input checks: a missing model or a prompt row
     without its label is one line before any Ray starts, not a job failing after it."""
     from trainer.arguments import parse_args
-    from trainer.checkpoint import CheckpointError
     from trainer.errors import UsageError
-    from trainer.main import check_inputs
+    from trainer.job.main import check_inputs
+    from trainer.run.checkpoint import CheckpointError
 
     for argv in local_train_argvs(plan):
         try:

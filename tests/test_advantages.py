@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.advantages import ESTIMATORS, GRPOEstimator, GSPOEstimator, OverlongPenalty
 from trainer.arguments import build_parser, parse_args
-from trainer.grpo import group_advantages, whiten
+from trainer.grpo.advantages import ESTIMATORS, GRPOEstimator, GSPOEstimator, OverlongPenalty
+from trainer.grpo.loss import group_advantages, whiten
 
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])  # two groups of three
 LENGTHS = torch.tensor([4, 10, 6, 2, 8, 10])

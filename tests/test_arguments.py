@@ -10,7 +10,7 @@ import pytest
 
 from trainer import arguments
 from trainer.arguments import UsageError, parse_args, parse_args_or_exit, render
-from trainer.main import main as train_main
+from trainer.job.main import main as train_main
 
 BASE = ["--hf-checkpoint", "/models/tiny", "--prompt-data", "/data/train.jsonl"]
 
@@ -360,7 +360,7 @@ YARDSTICK = [
     (
         "--dynamic-sampling-filter-path "
         "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std",
-        {"dynamic_sampling_filter_path": "trainer.sampling_filters.check_reward_nonzero_std"},
+        {"dynamic_sampling_filter_path": "trainer.grpo.filters.check_reward_nonzero_std"},
     ),
     ("--rollout-stop-token-ids 151643 151645", {"rollout_stop_token_ids": [151643, 151645]}),
     ("--rollout-stop '</answer>'", {"rollout_stop": ["</answer>"]}),

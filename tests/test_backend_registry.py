@@ -82,8 +82,8 @@ def test_backend_modules_expose_the_factory_without_importing_heavy_packages(spe
 def test_a_new_rollout_backend_is_its_module_and_its_registry_entry(monkeypatch) -> None:
     """From the entry alone: a choice of the flag, cuda for --device auto when it needs GPUs,
     refused with --device cpu, checked by the preflight, and created through its factory."""
-    from trainer import preflight
     from trainer.errors import UsageError
+    from trainer.job import preflight
 
     fake = types.ModuleType("fake_rollout")
     fake.create = lambda config, device, *, engine_index: ("engine", device, engine_index)

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.test_loop import make_loop, recipe_argv, tiny_dirs  # noqa: F401  (fixture)
-from trainer import checkpoint
 from trainer.arguments import parse_args
 from trainer.errors import UsageError
-from trainer.main import check_inputs
-from trainer.metrics import METRICS_FILE, read_metrics, summarize, summary_text
+from trainer.job.main import check_inputs
+from trainer.run import checkpoint
+from trainer.run.metrics import METRICS_FILE, read_metrics, summarize, summary_text
 
 CALLS = {"n": 0}
 

@@ -105,8 +105,8 @@ def test_bad_arguments_exit_2_with_one_line(bench, capsys, argv, message):
 
 def test_both_systems_get_the_same_varying_reward(bench):
     from trainer.arguments import parse_args
+    from trainer.grpo.rewards import RewardSample
     from trainer.loop import _user_function
-    from trainer.rewards import RewardSample
 
     args = parse_args(bench.ours_argv(full_spec(bench, work="/w"), steps=1))
     ours = _user_function(args.reward.custom_rm_path)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from tests.test_loop import LocalTrainers, make_loop, recipe_argv, tiny_dirs  # noqa: F401
-from trainer import checkpoint
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer.run import checkpoint
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 
 def fake_trainer_save(path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainer.arguments import UsageError, parse_args
-from trainer.data import (
+from trainer.run.data import (
     DataError,
     RolloutDataSource,
     Sample,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.arguments import parse_args
-from trainer.grpo import (
+from trainer.grpo.loss import (
     GRPOConfig,
     Normalizer,
     aggregate,

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from trainer import job_env
-from trainer.main import main as train_main
+from trainer.job.main import main as train_main
 
 BASE = ["--hf-checkpoint", "/models/tiny", "--prompt-data", "/data/train.jsonl"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.grpo import entropy_from_logits
-from trainer.logprobs import token_logprobs
+from trainer.grpo.logprobs import token_logprobs
+from trainer.grpo.loss import entropy_from_logits
 
 ROWS, HIDDEN, VOCAB = 37, 16, 101
 

@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import adapter_check, tiny
+from trainer import tiny
 from trainer.arguments import parse_args
 from trainer.backends.base import Generation, adapter_digest
 from trainer.backends.hf_rollout import create as create_engine
 from trainer.backends.peft_trainer import create as create_trainer
 from trainer.batching import pack, schedule
-from trainer.data import eval_sets, rollout_source
 from trainer.loop import GRPOLoop, rollout_metrics
-from trainer.metrics import (
+from trainer.run import adapter_check
+from trainer.run.data import eval_sets, rollout_source
+from trainer.run.metrics import (
     METRICS_FILE,
     MetricsLogger,
     console_line,
@@ -512,7 +513,7 @@ def test_lora_targets_the_model_cannot_take_stop_before_ray_starts(tiny_dirs, tm
 
 def test_validate_only_prints_the_config_and_imports_nothing_heavy(tmp_path):
     code = (
-        "import sys; from trainer.main import main; "
+        "import sys; from trainer.job.main import main; "
         "rc = main(['--hf-checkpoint', 'm', '--prompt-data', 'p.jsonl', '--validate-only']); "
         "heavy = [m for m in ('torch', 'ray', 'transformers', 'peft') if m in sys.modules]; "
         "print('HEAVY', heavy, rc)"

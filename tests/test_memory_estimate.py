@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from trainer import colocate_memory, memory_estimate, model_shape, tiny
+from trainer import tiny
 from trainer.arguments import parse_args
 from trainer.backends import registry
-from trainer.memory_estimate import GIB, ModelShape
+from trainer.job import colocate_memory, memory_estimate, model_shape
+from trainer.job.memory_estimate import GIB, ModelShape
 
 # Qwen3-0.6B: 0.6 B parameters (tied embeddings), hidden 1024, 28 layers, 8 KV heads of 128.
 QWEN3_0_6B = ModelShape(

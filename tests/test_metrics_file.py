@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from trainer.metrics import (
+from trainer.run.metrics import (
     METRICS_FILE,
     MetricsError,
     MetricsLogger,

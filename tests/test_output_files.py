@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import owned_files
-from trainer import adapter_check, checkpoint
 from trainer.arguments import parse_args
-from trainer.metrics import METRICS_FILE, MetricsError, MetricsLogger, write_summary
+from trainer.run import adapter_check, checkpoint
+from trainer.run.metrics import METRICS_FILE, MetricsError, MetricsLogger, write_summary
 
 VICTIM = "someone else's data\n"
 

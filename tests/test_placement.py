@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainer.arguments import parse_args
-from trainer.placement import (
+from trainer.job.placement import (
     PlacementError,
     check_resources,
     local_gpu_index,
@@ -78,7 +78,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import os, sys
 import ray
-from trainer.placement import runtime_env
+from trainer.job.placement import runtime_env
 
 ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
 

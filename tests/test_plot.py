@@ -1,10 +1,10 @@
-"""`python -m trainer.plot`: a run's curves from its metrics.jsonl."""
+"""`python -m trainer.run.plot`: a run's curves from its metrics.jsonl."""
 
 from __future__ import annotations
 
 import json
 
-from trainer import plot
+from trainer.run import plot
 
 
 def write(path, records):
@@ -35,7 +35,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     write(tmp_path / "bad.jsonl", [{"no_step": 1}])
     assert plot.main([str(tmp_path / "bad.jsonl")]) == 2
     err = capsys.readouterr().err.splitlines()
-    prefix = "python -m trainer.plot: error:"
+    prefix = "python -m trainer.run.plot: error:"
     assert err == [
         f"{prefix} {tmp_path / 'missing.jsonl'}: no such file",
         f"{prefix} {tmp_path / 'bad.jsonl'}:1: not a metrics record (no 'step')",
@@ -49,7 +49,7 @@ def test_an_output_that_is_no_image_format_is_one_line_before_reading(tmp_path, 
     (blocker := tmp_path / "file").write_text("")
     assert plot.main([str(tmp_path / "metrics.jsonl"), "-o", str(blocker / "p.png")]) == 2
     err = capsys.readouterr().err.splitlines()
-    prefix = "python -m trainer.plot: error: -o"
+    prefix = "python -m trainer.run.plot: error: -o"
     assert len(err) == 3
     assert err[0].startswith(f"{prefix} {tmp_path / 'p.txt'}: end it in .png or another image")
     assert err[1].startswith(f"{prefix} {tmp_path / 'curves'}: end it in .png")
@@ -66,6 +66,6 @@ def test_a_torn_last_line_is_left_out_and_named(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out == f"2 steps -> {tmp_path / 'c.svg'}\n"
     assert err == (
-        f"python -m trainer.plot: {path}: dropping its torn last line "
+        f"python -m trainer.run.plot: {path}: dropping its torn last line "
         '\'{"step": 2, "rollout/rew\' (a run killed while writing it)\n'
     )

@@ -23,7 +23,7 @@ from trainer.backends.hf_rollout import HFRolloutEngine
 from trainer.backends.peft_trainer import PeftPolicyTrainer, lr_factor
 from trainer.batching import pack
 from trainer.config import LoraConfig, OptimizerConfig
-from trainer.grpo import GRPOConfig, Normalizer, entropy_from_logits
+from trainer.grpo.loss import GRPOConfig, Normalizer, entropy_from_logits
 from trainer.loop import GRPOLoss
 
 PROMPTS = [[1, 4, 7, 8, 2, 1, 6], [1, 4, 7, 12, 2, 1, 6], [1, 4, 7, 15, 2, 1, 6]]
@@ -365,7 +365,7 @@ def test_log_probs_chunk_size_chunks_without_changing_the_values(model_dir) -> N
     """miles' --log-probs-chunk-size: tokens per chunk of the log-prob computation."""
     from trainer.arguments import parse_args
     from trainer.backends import registry
-    from trainer.logprobs import DEFAULT_CHUNK_ROWS
+    from trainer.grpo.logprobs import DEFAULT_CHUNK_ROWS
 
     argv = ["--hf-checkpoint", model_dir, "--prompt-data", "p.jsonl", "--seed", "0"]
     default = registry.create_trainer(parse_args(argv), "cpu", total_steps=1)
@@ -384,7 +384,8 @@ def test_log_probs_chunk_size_chunks_without_changing_the_values(model_dir) -> N
 
 
 class FullLogitsTrainer(PeftPolicyTrainer):
-    """The trainer as it was before `trainer.logprobs`: float32 log-softmax over full logits."""
+    """The trainer as it was before `trainer.grpo.logprobs`: float32 log-softmax over full
+    logits."""
 
     def _forward(self, batch: TrainBatch, with_entropy: bool) -> ForwardOutput:
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits

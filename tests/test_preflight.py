@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from trainer import preflight
 from trainer.arguments import parse_args
-from trainer.preflight import Environment, PreflightError
+from trainer.job import preflight
+from trainer.job.preflight import Environment, PreflightError
 
 BASE = ["--hf-checkpoint", "/m", "--prompt-data", "/d.jsonl"]
 PRODUCTION = [

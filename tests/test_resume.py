@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer import checkpoint, tiny
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer import tiny
+from trainer.run import checkpoint
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from tests.private_ray import PrivateRay
-from trainer import checkpoint, tensor_state, tiny
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer import tiny
+from trainer.run import checkpoint, tensor_state
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import math_grader, rewards
-from trainer.rewards import get_reward, register_reward, reward_names
+from trainer.grpo import grading, rewards
+from trainer.grpo.rewards import get_reward, register_reward, reward_names
 
 CASES = [
     json.loads(line)
@@ -35,7 +35,7 @@ def test_rewards_grade_as_miles_rm_hub(rm_type: str, case: dict) -> None:
     ['__import__("os").system("true")', "9^9^9", "9**9**9", "9^{9^9}", "E.evalf()", "x y z w"],
 )
 def test_unsafe_or_costly_answers_never_reach_sympy(answer: str) -> None:
-    assert math_grader.equal_sympy(answer, "1") is False
+    assert grading.equal_sympy(answer, "1") is False
 
 
 def test_deliberate_differences_from_miles() -> None:
@@ -47,10 +47,10 @@ def test_deliberate_differences_from_miles() -> None:
 
 
 def test_extraction() -> None:
-    assert math_grader.last_boxed("a \\boxed{\\frac{1}{\\sqrt{2}}} b") == "\\frac{1}{\\sqrt{2}}"
-    assert math_grader.last_boxed("\\boxed{1} and \\boxed{{2}}") == "{2}"
-    assert math_grader.last_boxed("nothing") is None
-    assert math_grader.last_boxed("\\boxed 5 {x}") is None
+    assert grading.last_boxed("a \\boxed{\\frac{1}{\\sqrt{2}}} b") == "\\frac{1}{\\sqrt{2}}"
+    assert grading.last_boxed("\\boxed{1} and \\boxed{{2}}") == "{2}"
+    assert grading.last_boxed("nothing") is None
+    assert grading.last_boxed("\\boxed 5 {x}") is None
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,7 @@ def test_lazy_entries_import_their_module(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "lazy_by_name.py").write_text("def score(response, label):\n    return 0.5\n")
     (tmp_path / "lazy_by_register.py").write_text(
-        "from trainer.rewards import register_reward\n"
+        "from trainer.grpo.rewards import register_reward\n"
         "@register_reward('registering')\n"
         "def other_name(response, label):\n    return 0.25\n"
     )
@@ -120,7 +120,7 @@ def test_custom_reward_functions_use_miles_signature() -> None:
 
 
 def test_nonzero_std_filter_keeps_groups_whose_rewards_differ() -> None:
-    from trainer.sampling_filters import check_reward_nonzero_std, keeps
+    from trainer.grpo.filters import check_reward_nonzero_std, keeps
 
     def group(*values: float) -> list:
         return [rewards.RewardSample("p", "r", "l", reward=v) for v in values]

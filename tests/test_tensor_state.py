@@ -1,4 +1,4 @@
-"""Trainer states as data (`trainer.tensor_state`): saved and loaded back exactly, the PEFT
+"""Trainer states as data (`trainer.run.tensor_state`): saved and loaded back exactly, the PEFT
 trainer's and one shaped like Megatron's, and anything else refused in one line."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer import tensor_state
 from trainer.backends.megatron_trainer import optimizer_state
 from trainer.backends.peft_trainer import lr_factor
 from trainer.config import OptimizerConfig
+from trainer.run import tensor_state
 
 
 def assert_same(a, b, path="state"):

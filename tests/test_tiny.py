@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainer import tiny
-from trainer.rewards import get_reward
+from trainer.grpo.rewards import get_reward
 
 
 def digest(directory: Path) -> dict[str, str]:
@@ -131,7 +131,7 @@ def test_the_qwen3_4b_shape_is_qwen3_4b_with_its_whole_vocabulary():
 
 
 def test_length_parity_varies_with_the_response():
-    from trainer.rewards import RewardSample
+    from trainer.grpo.rewards import RewardSample
 
     rewards = [
         tiny.length_parity(None, RewardSample("p", response, "red", {}, None))

@@ -18,7 +18,7 @@ from harness import ownership
 from harness.host import CHECKOUT
 from harness.run_tag import RunTag
 from tests.private_ray import LauncherPorts
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 pytestmark = [
     pytest.mark.ray,

@@ -1,7 +1,7 @@
 """Bad inputs that used to end in a traceback, some only after Ray and the model had started:
 each is now one line and exit 2 from ``train.py``, before its preflight and before Ray.
 
-All cases run in one Python process (`DRIVER`), which calls ``trainer.main.main`` for each with
+All cases run in one Python process (`DRIVER`), which calls ``trainer.job.main.main`` for each with
 ``RAY_TMPDIR`` pointing at an empty folder: the folder is still empty at the end.
 """
 
@@ -21,11 +21,11 @@ import pytest
 import torch
 
 from tests.test_loop import ROOT, make_loop, recipe_argv, tiny_dirs  # noqa: F401  (fixture)
-from trainer import checkpoint
+from trainer.run import checkpoint
 
 DRIVER = """
 import contextlib, io, json, sys
-from trainer.main import main
+from trainer.job.main import main
 
 results = []
 for argv in json.load(sys.stdin):

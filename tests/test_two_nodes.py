@@ -19,7 +19,7 @@ from harness.host import CHECKOUT
 from harness.run_tag import RunTag
 from tests.private_ray import LauncherPorts, free_ports
 from trainer import tiny
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 pytestmark = [
     pytest.mark.ray,

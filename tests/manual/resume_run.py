@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.arguments import parse_args
     from trainer.backends.hf_rollout import create as create_engine
     from trainer.backends.peft_trainer import create as create_trainer
-    from trainer.data import eval_sets, rollout_source
     from trainer.loop import GRPOLoop
-    from trainer.metrics import MetricsLogger
+    from trainer.run.data import eval_sets, rollout_source
+    from trainer.run.metrics import MetricsLogger
 
     parser = argparse.ArgumentParser(prog="python -m tests.manual.resume_run")
     parser.add_argument("model", type=Path)

@@ -20,7 +20,7 @@ from harness import build_plan
 from harness.host import local_host
 from harness.steps import train_py_argv
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

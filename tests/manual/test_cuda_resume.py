@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from tests.manual.resume_run import EXIT_STOPPED, ROLLOUTS
-from trainer import checkpoint, tensor_state
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer.run import checkpoint, tensor_state
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

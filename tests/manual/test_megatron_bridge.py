@@ -25,9 +25,9 @@ from tests.private_ray import free_port
 from trainer import tiny
 from trainer.arguments import parse_args
 from trainer.backends.base import TrainBatch
-from trainer.checkpoint import ADAPTER_DIR
-from trainer.grpo import Normalizer
+from trainer.grpo.loss import Normalizer
 from trainer.loop import GRPOLoss
+from trainer.run.checkpoint import ADAPTER_DIR
 
 CLOSE = 0.03  # bf16, Transformer Engine's kernels against transformers' (the seed's threshold)
 

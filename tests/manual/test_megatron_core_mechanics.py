@@ -27,7 +27,7 @@ from trainer.arguments import parse_args
 from trainer.backends import megatron_config as mc
 from trainer.backends import megatron_lora_names as names
 from trainer.backends.base import LoraAdapter, TrainBatch
-from trainer.grpo import Normalizer
+from trainer.grpo.loss import Normalizer
 from trainer.loop import GRPOLoss
 
 VOCAB, LAYERS, HIDDEN, HEADS, GROUPS, HEAD_DIM, FFN = 96, 2, 64, 4, 2, 16, 96
@@ -265,7 +265,7 @@ def _mechanics(built) -> LoraAdapter:
 
 
 def _save_load_and_backup(trainer, exported: LoraAdapter, tmp_path: Path) -> None:
-    from trainer.checkpoint import ADAPTER_DIR
+    from trainer.run.checkpoint import ADAPTER_DIR
 
     trainer.save(tmp_path)
     assert (tmp_path / ADAPTER_DIR / "adapter_model.safetensors").is_file()

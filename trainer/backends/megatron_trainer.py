@@ -43,7 +43,7 @@ from trainer.backends.megatron_batching import (
     row_lengths,
 )
 from trainer.backends.registry import gpu_index
-from trainer.checkpoint import ADAPTER_DIR, CheckpointError
+from trainer.run.checkpoint import ADAPTER_DIR, CheckpointError
 
 if TYPE_CHECKING:
     import torch
@@ -151,7 +151,7 @@ class MegatronPolicyTrainer:
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.utils import get_model_config
 
-        from trainer.logprobs import chunk_rows_for
+        from trainer.grpo.logprobs import chunk_rows_for
 
         self.lora_config = lora
         self.megatron = megatron
@@ -218,7 +218,7 @@ class MegatronPolicyTrainer:
     def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> StepResult:
         """One optimizer step over the caller's micro-batches. With ``--use-dynamic-batch-size``
         their rows are regrouped under ``--max-tokens-per-gpu``: exact for losses normalised
-        step-wide (`trainer.grpo.Normalizer`), which the loop's pre-scaled losses are."""
+        step-wide (`trainer.grpo.loss.Normalizer`), which the loop's pre-scaled losses are."""
         pieces = list(micro_batches)
         if self.megatron.use_dynamic_batch_size:
             lengths = [n for mb in micro_batches for n in row_lengths(mb)]
@@ -233,7 +233,7 @@ class MegatronPolicyTrainer:
         if updated:
             self.scheduler.step(increment=1)
         self.steps += 1
-        # Each micro-batch's metrics are its share of the step's value (`trainer.grpo`): sum.
+        # Each micro-batch's metrics are its share of the step's value (`trainer.grpo.loss`): sum.
         metrics: dict[str, float] = {}
         for out in outputs:
             for key, value in out["metrics"].items():
@@ -340,12 +340,12 @@ class MegatronPolicyTrainer:
     def _chunked_logprobs(
         self, output: torch.Tensor, labels: torch.Tensor, with_entropy: bool, entropy_grad: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One rank holds the whole vocabulary: `trainer.logprobs` upcasts and reduces
+        """One rank holds the whole vocabulary: `trainer.grpo.logprobs` upcasts and reduces
         ``--log-probs-chunk-size`` rows of the ``[batch, seq, vocab]`` logits at a time, so no
         float32 copy of them exists (5 GB per 8,192-token row with Qwen's vocabulary)."""
         import torch
 
-        from trainer.logprobs import token_logprobs
+        from trainer.grpo.logprobs import token_logprobs
 
         rows, seq, vocab = output.shape
         logprobs, entropy = token_logprobs(
@@ -499,7 +499,7 @@ class MegatronPolicyTrainer:
     def save(self, path: Path) -> None:
         """PEFT adapter in ``path/adapter`` (loads with ``PeftModel.from_pretrained``); each rank's
         optimizer shard (main params and moments), the LR schedule and the step count in
-        ``megatron_optimizer/rank<N>.{json,safetensors}`` (data only: `trainer.tensor_state`),
+        ``megatron_optimizer/rank<N>.{json,safetensors}`` (data only: `trainer.run.tensor_state`),
         and the parallel layout that wrote them in ``megatron_optimizer/layout.json``.
 
         One state per rank, so a resume needs the same world size and parallel layout. (Megatron's
@@ -509,7 +509,7 @@ class MegatronPolicyTrainer:
         import torch.distributed as dist
         from safetensors.torch import save_file
 
-        from trainer import tensor_state
+        from trainer.run import tensor_state
 
         adapter = self.export_adapter()
         if dist.get_rank() == 0:
@@ -530,7 +530,7 @@ class MegatronPolicyTrainer:
         import torch
         from safetensors.torch import load_file
 
-        from trainer import tensor_state
+        from trainer.run import tensor_state
 
         saved = json.loads((path / OPTIMIZER_DIR / LAYOUT_FILE).read_text(encoding="utf-8"))
         if (problem := layout_problem(saved, self._layout())) is not None:
@@ -628,7 +628,7 @@ def layout_problem(saved: Any, current: dict[str, int]) -> str | None:
 def resume_problem(config: TrainConfig, path: Path) -> str | None:
     """The first reason checkpoint `path` cannot resume with `config`, from its JSON alone:
     another layout, or a rank's optimizer state missing."""
-    from trainer import tensor_state
+    from trainer.run import tensor_state
 
     layout_file = path / OPTIMIZER_DIR / LAYOUT_FILE
     try:

@@ -3,7 +3,7 @@
 The reference policy is the same model with its adapter disabled (no second copy). Log-
 probabilities are ``log_softmax(logits / temperature)``, the rollout engine's definition, taken
 for the tokens under ``loss_mask`` only (0 elsewhere): the output layer runs on those positions,
-a chunk of rows at a time (`trainer.logprobs`), so no ``[tokens, vocab]`` tensor is built.
+a chunk of rows at a time (`trainer.grpo.logprobs`), so no ``[tokens, vocab]`` tensor is built.
 With several data-parallel ranks (torch.distributed initialised by the caller), gradients are
 averaged over ranks before clipping; every rank holds the same weights.
 """
@@ -22,13 +22,13 @@ from trainer.backends.devices import torch_dtype
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.frozen_weights import FrozenWeights
 from trainer.backends.peft_targets import peft_lora_config
-from trainer.checkpoint import ADAPTER_DIR, CheckpointError
 from trainer.errors import first_line
+from trainer.run.checkpoint import ADAPTER_DIR, CheckpointError
 
 if TYPE_CHECKING:
     from trainer.config import LoraConfig, OptimizerConfig, TrainConfig
 
-# ``trainer_state.json`` and ``trainer_state.safetensors`` (`trainer.tensor_state`)
+# ``trainer_state.json`` and ``trainer_state.safetensors`` (`trainer.run.tensor_state`)
 STATE_STEM = "trainer_state"
 # Config fields of causal LMs whose logits are more than ``last_hidden_state @ lm_head.weight.T``
 # (those take the full logits from the model's own forward).
@@ -114,15 +114,15 @@ class PeftPolicyTrainer:
         `gradient_checkpointing`: recompute each decoder layer's activations in backward
         (less memory for long sequences, about a third more compute). `logprob_chunk_rows`:
         response tokens per chunk of the log-prob computation (``--log-probs-chunk-size``;
-        -1: `trainer.logprobs.DEFAULT_CHUNK_ROWS`). `merged`: the engines serve the adapter merged
-        (``--lora-serving merged``), so the policy trained is the merged one
+        -1: `trainer.grpo.logprobs.DEFAULT_CHUNK_ROWS`). `merged`: the engines serve the adapter
+        merged (``--lora-serving merged``), so the policy trained is the merged one
         (`trainer.backends.merged_policy`)."""
         import torch
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
 
         from trainer.backends.merged_policy import MergedPolicy
-        from trainer.logprobs import chunk_rows_for
+        from trainer.grpo.logprobs import chunk_rows_for
 
         self.device = torch.device(device)
         self.temperature = temperature if temperature > 0 else 1.0
@@ -184,7 +184,7 @@ class PeftPolicyTrainer:
     def _forward(self, batch: TrainBatch, with_entropy: bool) -> ForwardOutput:
         import torch
 
-        from trainer.logprobs import token_logprobs
+        from trainer.grpo.logprobs import token_logprobs
 
         input_ids = batch.input_ids.to(self.device)
         attention_mask = batch.attention_mask.to(self.device)
@@ -283,11 +283,11 @@ class PeftPolicyTrainer:
     def save(self, path: Path) -> None:
         """PEFT adapter in ``path/adapter`` (loads with ``PeftModel.from_pretrained``); optimizer,
         LR schedule, step count and torch RNG states in ``path/trainer_state.{json,safetensors}``
-        (data only: `trainer.tensor_state`)."""
+        (data only: `trainer.run.tensor_state`)."""
         import torch
         import torch.distributed as dist
 
-        from trainer import tensor_state
+        from trainer.run import tensor_state
 
         if dist.is_initialized() and dist.get_rank() != 0:
             return  # every rank holds the same adapter and optimizer state
@@ -308,7 +308,7 @@ class PeftPolicyTrainer:
         from peft import set_peft_model_state_dict
         from peft.utils import load_peft_weights
 
-        from trainer import tensor_state
+        from trainer.run import tensor_state
 
         try:
             state = tensor_state.load(path / STATE_STEM)
@@ -338,8 +338,8 @@ def resume_problem(config: TrainConfig, path: Path) -> str | None:
     make (names and shapes; `peft_targets.adapter_shapes`)."""
     from safetensors import safe_open
 
-    from trainer import tensor_state
     from trainer.backends.peft_targets import adapter_shapes
+    from trainer.run import tensor_state
 
     try:
         tensor_state.check(path / STATE_STEM)

@@ -3,9 +3,9 @@
 A `BackendSpec` says everything the rest of the project knows about a backend without importing
 it: its ``--train-backend`` / ``--rollout-backend`` name, its display name (docs, the support
 matrix), the module of its factory, the packages and modules it needs and whether it runs on GPUs
-only (`trainer.preflight` checks them at job start), the config group of the flags only it reads
+only (`trainer.job.preflight` checks them at job start), the config group of the flags only it reads
 (`trainer.config`), its checks of the config when selected and of the checkpoint before launch
-(`trainer.main`), and, for a trainer, whether its LoRA adapts fused projections.
+(`trainer.job.main`), and, for a trainer, whether its LoRA adapts fused projections.
 ``trainer.arguments`` takes the flags' choices and the backends' checks from here; the config
 package sits below and never imports a backend.
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from safetensors import safe_open
 
-from trainer.memory_estimate import ModelShape
+from trainer.job.memory_estimate import ModelShape
 
 
 class ModelShapeError(ValueError):

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainer.data import Sample
+from trainer.run.data import Sample
 
 
 class Tokenizer(Protocol):

@@ -3,10 +3,11 @@
 `checkpoint.resume_point` picks the checkpoint and checks its files are whole; this checks it
 fits the run: ``state.json`` (types, the rollout index against ``--num-rollout``, the data
 cursor against the prompts), the train backend that saved it, the adapter (its config and its
-tensors' ranks against the LoRA flags, every value finite) and what the backend itself needs
+tensors' ranks against the LoRA flags, every value finite). What the backend itself needs
 (`registry.resume_problem`: the PEFT trainer's tensor names and shapes, Megatron's parallel
-layout). A checkpoint that fails one of them would otherwise fail in a training actor after
-start-up, or resume a different run without a word.
+layout) `trainer.job.main` asks next, from the files alone as well. A checkpoint that fails one
+of them would otherwise fail in a training actor after start-up, or resume a different run
+without a word.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer import checkpoint
 from trainer.config import LoraConfig, TrainConfig
-from trainer.data import RolloutDataSource, num_rollouts
+from trainer.run import checkpoint
+from trainer.run.data import RolloutDataSource, num_rollouts
 
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -27,13 +28,9 @@ def problem(
     config: TrainConfig, root: Path, iteration: int, source: RolloutDataSource
 ) -> str | None:
     """The first reason checkpoint `iteration` of `root` cannot resume `config`, or None."""
-    from trainer.backends import registry
-
     path = checkpoint.iter_dir(root, iteration)
-    return (
-        state_problem(config, path, iteration, source)
-        or adapter_problem(path / checkpoint.ADAPTER_DIR, config.lora)
-        or registry.resume_problem(config, path)
+    return state_problem(config, path, iteration, source) or adapter_problem(
+        path / checkpoint.ADAPTER_DIR, config.lora
     )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from trainer.grpo import group_advantages, overlong_penalty, whiten
+from trainer.grpo.loss import group_advantages, overlong_penalty, whiten
 
 if TYPE_CHECKING:
     import torch

@@ -1,7 +1,7 @@
 """Checkpoints: ``<save>/iter_<N>/`` after N rollouts, and a ``latest`` marker written last.
 
 An iteration directory holds what the policy trainer saves (the PEFT adapter in ``adapter/``,
-optimizer state as safetensors and JSON, `trainer.tensor_state`) and ``state.json`` (rollout
+optimizer state as safetensors and JSON, `trainer.run.tensor_state`) and ``state.json`` (rollout
 index, data cursor, seed, train backend). It is written into ``iter_<N>.partial``, made anew
 (a symlink or another user's directory there is refused), and renamed when complete; then
 ``latest`` is replaced atomically (`owned_files.write_atomic`). A run killed, or a disk filled,
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import owned_files
-from trainer import file_checks
 from trainer.errors import first_line
+from trainer.run import file_checks
 
 LATEST = "latest"
 STATE_FILE = "state.json"

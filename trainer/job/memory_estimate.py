@@ -37,7 +37,8 @@ LOGIT_COPIES = 2  # float32 logits and their gradient
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the estimate needs of the model (`trainer.model_shape` reads it from a checkpoint)."""
+    """What the estimate needs of the model (`trainer.job.model_shape` reads it from a
+    checkpoint)."""
 
     parameters: int
     lora_parameters: int

@@ -39,9 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.misc.validate_only:
         print(json.dumps(config.as_dict(), indent=2, sort_keys=True, default=str))
         return 0
-    from trainer.checkpoint import CheckpointError, SaveError
-    from trainer.placement import PlacementError
-    from trainer.preflight import PreflightError
+    from trainer.job.placement import PlacementError
+    from trainer.job.preflight import PreflightError
+    from trainer.run.checkpoint import CheckpointError, SaveError
 
     try:
         return run(config)
@@ -94,10 +94,10 @@ def check_inputs(config: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     Nothing is created or changed: the output directories are made when the run starts. A
     resume from another checkpoint than ``latest`` names, or a torn last metrics line, is
     noted on stdout."""
-    from trainer import checkpoint, file_checks
     from trainer.backends import registry
-    from trainer.data import eval_sets, rollout_source
-    from trainer.metrics import METRICS_FILE, torn_tail
+    from trainer.run import checkpoint, file_checks
+    from trainer.run.data import eval_sets, rollout_source
+    from trainer.run.metrics import METRICS_FILE, torn_tail
 
     paths = config.checkpoint
     model = Path(paths.hf_checkpoint)
@@ -118,11 +118,14 @@ def check_inputs(config: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     load = Path(paths.load) if paths.load else None
     resume = checkpoint.resume_point(load)
     if load is not None and resume is not None:
-        from trainer import resume_checks
+        from trainer.run import resume_checks
 
         if resume.note:
             print(f"{PROG}: {resume.note}", flush=True)
-        if problem := resume_checks.problem(config, load, resume.iteration, source):
+        saved = checkpoint.iter_dir(load, resume.iteration)
+        # the run's own checks of the checkpoint's files, then what its backend needs
+        problem = resume_checks.problem(config, load, resume.iteration, source)
+        if problem := problem or registry.resume_problem(config, saved):
             raise checkpoint.CheckpointError(problem)
         if note := torn_tail(Path(paths.output_dir) / METRICS_FILE):
             print(f"{PROG}: {note}", flush=True)
@@ -135,7 +138,7 @@ def check_directories(config: TrainConfig) -> None:
     (`owned_files.check_dir`): another user could plant a symlink where the run writes, or a
     checkpoint where it reads. Makes nothing."""
     import owned_files
-    from trainer import file_checks
+    from trainer.run import file_checks
 
     paths = config.checkpoint
     for flag, value, written in (
@@ -157,8 +160,8 @@ def check_context(
     config: TrainConfig, tokenizer: Any, prompts: Sequence[Any], evals: dict[str, Any]
 ) -> None:
     """Every prompt the run keeps fits the model's context with its response window
-    (`trainer.context_length`)."""
-    from trainer import context_length
+    (`trainer.run.context_length`)."""
+    from trainer.run import context_length
 
     limit = context_length.model_context(Path(config.checkpoint.hf_checkpoint))
     if limit is None:
@@ -189,7 +192,7 @@ def _colocation_note(placement: PlacementConfig) -> str:
 
 def run(config: TrainConfig) -> int:
     started = time.time()
-    from trainer import colocate_memory, preflight
+    from trainer.job import colocate_memory, preflight
 
     tokenizer, source, eval_sets = check_inputs(config)
     shape = colocate_memory.model_shape_for(config)
@@ -197,10 +200,10 @@ def run(config: TrainConfig) -> int:
 
     import ray
 
-    from trainer import placement
-    from trainer.data import num_rollouts
+    from trainer.job import placement
     from trainer.loop import GRPOLoop
-    from trainer.metrics import (
+    from trainer.run.data import num_rollouts
+    from trainer.run.metrics import (
         METRICS_FILE,
         MetricsLogger,
         read_metrics,
@@ -265,7 +268,7 @@ def _init_ray(flags: PlacementConfig) -> Any:
     """Join the job's cluster (``RAY_ADDRESS``) or start a private one; returns the layout."""
     import ray
 
-    from trainer import placement
+    from trainer.job import placement
 
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address="auto", logging_level=logging.WARNING)

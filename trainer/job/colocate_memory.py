@@ -1,5 +1,5 @@
 """``--colocate-memory auto`` decided at job start: keep both resident or release, from the
-estimate of `trainer.memory_estimate` over the model, the batches and the device's memory.
+estimate of `trainer.job.memory_estimate` over the model, the batches and the device's memory.
 
 The model is sized before Ray starts (`model_shape_for`: a checkpoint without safetensors is a
 usage error); the decision comes once the job knows its device (`resolve`). It returns the
@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from trainer import memory_estimate, model_shape
 from trainer.arguments import PROG
 from trainer.backends import registry, sglang_args
 from trainer.config import TrainConfig
 from trainer.errors import UsageError
-from trainer.memory_estimate import DeviceMemory, MemoryPlan, ModelShape
+from trainer.job import memory_estimate, model_shape
+from trainer.job.memory_estimate import DeviceMemory, MemoryPlan, ModelShape
 
 
 def undecided(config: TrainConfig) -> bool:

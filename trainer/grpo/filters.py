@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trainer.rewards import RewardSample
+from trainer.grpo.rewards import RewardSample
 
 
 def check_reward_nonzero_std(args: argparse.Namespace, group: Sequence[RewardSample]) -> bool:

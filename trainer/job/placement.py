@@ -32,7 +32,7 @@ from trainer.backends.base import (
 )
 from trainer.backends.colocate import Colocation
 from trainer.config import PlacementConfig, TrainConfig
-from trainer.memory_estimate import DeviceMemory
+from trainer.job.memory_estimate import DeviceMemory
 
 PLACEMENT_TIMEOUT_S = 120.0
 COLOCATED_SHARE = 0.5

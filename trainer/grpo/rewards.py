@@ -6,7 +6,7 @@ prompt), `label` the data set's label (a string, a number, or a list of acceptab
 first use, so this module stays light (``trainer.config`` imports it for the ``--rm-type``
 choices); the imported module may instead register the name itself.
 
-``deepscaler`` and ``math`` grade as miles' ``rm_hub`` does (`trainer.math_grader`).
+``deepscaler`` and ``math`` grade as miles' ``rm_hub`` does (`trainer.grpo.grading`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ RewardFn = Callable[[str, Any], float]
 
 _REGISTRY: dict[str, RewardFn] = {}
 _LAZY: dict[str, str] = {
-    "deepscaler": "trainer.math_grader:deepscaler_reward",
-    "math": "trainer.math_grader:math_reward",
+    "deepscaler": "trainer.grpo.grading:deepscaler_reward",
+    "math": "trainer.grpo.grading:math_reward",
     "tiny": "trainer.tiny:tiny_reward",
 }
 

@@ -6,7 +6,7 @@ tokens, the rollout temperature, and the log-probs the trainer computed for thos
 this adapter. Whoever loads the adapter elsewhere (PEFT + transformers, an inference engine)
 can check it reproduces the trainer's policy:
 
-    python -m trainer.adapter_check <checkpoint>/adapter [--device cuda] [--dtype bf16]
+    python -m trainer.run.adapter_check <checkpoint>/adapter [--device cuda] [--dtype bf16]
 
 prints the mean |difference| over the response tokens next to how far the adapter moves them
 (with it disabled), and exits 1 when the difference is not below ``--tolerance``.
@@ -78,7 +78,7 @@ def mean_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.adapter_check", description=__doc__.splitlines()[0]
+        prog="python -m trainer.run.adapter_check", description=__doc__.splitlines()[0]
     )
     parser.add_argument("adapter_dir", type=Path, help="a checkpoint's adapter/ folder")
     parser.add_argument("--device", default="cpu")

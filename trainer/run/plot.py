@@ -1,6 +1,6 @@
 """Render a run's main curves from its metrics.jsonl to a PNG.
 
-`python -m trainer.plot <output-dir>/metrics.jsonl -o curves.png`
+`python -m trainer.run.plot <output-dir>/metrics.jsonl -o curves.png`
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.metrics import MetricsError, parse_metrics, torn_tail
+from trainer.run.metrics import MetricsError, parse_metrics, torn_tail
 
 # (title, metric keys drawn in that panel)
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -103,7 +103,7 @@ def render(records: Sequence[Mapping[str, Any]], output: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.plot", description=__doc__.splitlines()[0], allow_abbrev=False
+        prog="python -m trainer.run.plot", description=__doc__.splitlines()[0], allow_abbrev=False
     )
     parser.add_argument("metrics", type=Path, help="a run's metrics.jsonl")
     parser.add_argument("-o", "--output", type=Path, default=Path("curves.png"))
