@@ -269,7 +269,7 @@ SAVE_ADAPTER = """
 import sys
 from pathlib import Path
 from trainer.arguments import parse_args
-from trainer.backends.peft_trainer import create
+from trainer.backends.torch.trainer import create
 
 config = parse_args(["--hf-checkpoint", sys.argv[1], "--prompt-data", "p.jsonl", "--device", "cpu"])
 create(config, "cpu", total_steps=1).save(Path(sys.argv[2]))

@@ -16,8 +16,8 @@ import torch
 from trainer import tiny
 from trainer.arguments import parse_args
 from trainer.backends.base import Generation, adapter_digest
-from trainer.backends.hf_rollout import create as create_engine
-from trainer.backends.peft_trainer import create as create_trainer
+from trainer.backends.torch.rollout import create as create_engine
+from trainer.backends.torch.trainer import create as create_trainer
 from trainer.batching import pack, schedule
 from trainer.loop import GRPOLoop, rollout_metrics
 from trainer.run import adapter_check

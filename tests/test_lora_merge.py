@@ -13,7 +13,6 @@ from torch.overrides import TorchFunctionMode
 from trainer import tiny
 from trainer.backends.base import LoraAdapter
 from trainer.backends.flat_tensors import FlatTensors
-from trainer.backends.hf_rollout import HFRolloutEngine
 from trainer.backends.lora_merge import (
     LoraMerger,
     MergeError,
@@ -22,7 +21,8 @@ from trainer.backends.lora_merge import (
     merged_weight,
     read_weights,
 )
-from trainer.backends.peft_trainer import PeftPolicyTrainer
+from trainer.backends.torch.rollout import HFRolloutEngine
+from trainer.backends.torch.trainer import PeftPolicyTrainer
 from trainer.config import LoraConfig, OptimizerConfig
 
 SEQUENCE = [1, 4, 7, 8, 2, 1, 6, 9, 3, 5]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.backends.base import TrainBatch
-from trainer.backends.megatron_batching import (
+from trainer.backends.megatron.batching import (
     context_parallel_order,
     context_parallel_positions,
     pack_by_token_budget,

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from trainer.arguments import parse_args
-from trainer.backends import megatron_config as mc
 from trainer.backends import registry
-from trainer.backends.megatron_lora_names import LoraNameError
+from trainer.backends.megatron import config as mc
+from trainer.backends.megatron.lora_names import LoraNameError
 
 BASE = [
     "--hf-checkpoint", "/m", "--prompt-data", "/d.jsonl", "--train-backend", "megatron",

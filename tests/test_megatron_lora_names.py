@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from trainer.backends import megatron_lora_names as names
-from trainer.backends.megatron_lora_names import AttentionShape, LoraNameError
+from trainer.backends.megatron import lora_names as names
+from trainer.backends.megatron.lora_names import AttentionShape, LoraNameError
 
 GQA = AttentionShape(num_attention_heads=4, num_query_groups=2, head_dim=3)
 RANK = 2

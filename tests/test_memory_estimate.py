@@ -110,7 +110,7 @@ def test_a_resident_engine_holds_its_weights_and_its_samples_kv_cache():
 
 def test_the_model_shape_is_read_from_the_checkpoint_files(model):
     """Parameters and LoRA parameters as torch and PEFT count them, from the files alone."""
-    from trainer.backends.peft_trainer import create
+    from trainer.backends.torch.trainer import create
 
     config = parse_args(argv(model, "--device", "cpu"))
     shape = model_shape.read(model, lora_rank=4, lora_targets=registry.adapter_targets(config).hf)

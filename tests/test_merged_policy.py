@@ -1,5 +1,6 @@
-"""The PEFT trainer's policy under ``--lora-serving merged`` (`trainer.backends.merged_policy`):
-the merged weights the engines serve, with LoRA's gradients."""
+"""The PEFT trainer's policy under ``--lora-serving merged``
+(`trainer.backends.torch.merged_policy`): the merged weights the engines serve, with LoRA's
+gradients."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from trainer import tiny
 from trainer.backends.lora_merge import LoraMerger, MergeError, merged_weight
-from trainer.backends.merged_policy import MergedLinearFunction
-from trainer.backends.peft_trainer import PeftPolicyTrainer
+from trainer.backends.torch.merged_policy import MergedLinearFunction
+from trainer.backends.torch.trainer import PeftPolicyTrainer
 from trainer.config import LoraConfig, OptimizerConfig
 
 IDS = torch.tensor([[1, 4, 7, 8, 2, 1, 6, 9, 3, 5]])

@@ -87,7 +87,7 @@ def test_foreign_holders_of_the_requested_gpus(spawned):
         ("sglang::scheduler_TP0", True),
         ("/opt/venv/bin/sglang serve --model-path m", True),
         ("bash -c bash .dev/install.sh sglang .whl/sglang/batch-1 && pytest", False),
-        ("vim trainer/backends/sglang_rollout.py", False),
+        ("vim trainer/backends/sglang/rollout.py", False),
         ("tail -f /tmp/run/sglang.log", False),
         ("python3 -m pytest tests/test_train.py", False),
         ("python3 -c import train.py", False),

@@ -11,7 +11,7 @@ import pytest
 
 from trainer import tiny
 from trainer.arguments import parse_args
-from trainer.backends import peft_targets
+from trainer.backends.torch import targets as peft_targets
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from trainer.backends.base import (
     TrainBatch,
 )
 from trainer.backends.flat_tensors import FlatTensors
-from trainer.backends.hf_rollout import HFRolloutEngine
-from trainer.backends.peft_trainer import PeftPolicyTrainer, lr_factor
+from trainer.backends.torch.rollout import HFRolloutEngine
+from trainer.backends.torch.trainer import PeftPolicyTrainer, lr_factor
 from trainer.batching import pack
 from trainer.config import LoraConfig, OptimizerConfig
 from trainer.grpo.loss import GRPOConfig, Normalizer, entropy_from_logits

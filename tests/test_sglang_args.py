@@ -11,9 +11,11 @@ from typing import Literal, Optional
 import pytest
 
 from trainer.arguments import UsageError, parse_args
-from trainer.backends import registry, sglang_args, sglang_fields_table
-from trainer.backends.sglang_args import FieldType, SGLangArgError, parse_annotation
-from trainer.backends.sglang_server_fields import SGLANG_VERSION
+from trainer.backends import registry
+from trainer.backends.sglang import args as sglang_args
+from trainer.backends.sglang import fields_table as sglang_fields_table
+from trainer.backends.sglang.args import FieldType, SGLangArgError, parse_annotation
+from trainer.backends.sglang.server_fields import SGLANG_VERSION
 
 FIELDS, SOURCE = sglang_args.static_fields()
 

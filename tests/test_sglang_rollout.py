@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from trainer.backends.base import LoraAdapter, SamplingParams
 from trainer.backends.flat_tensors import FlatTensors
-from trainer.backends.sglang_rollout import SGLangRolloutEngine, bucket_packer
+from trainer.backends.sglang.rollout import SGLangRolloutEngine, bucket_packer
 
 CONFIG = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "peft_type": "LORA"}
 
@@ -119,7 +119,7 @@ def test_each_load_logs_how_long_loading_and_unloading_took(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     engine = SGLangRolloutEngine(RecordingEngine(), {})
-    with caplog.at_level(logging.INFO, logger="trainer.backends.sglang_rollout"):
+    with caplog.at_level(logging.INFO, logger="trainer.backends.sglang.rollout"):
         engine.load_adapter(_adapter(1))
         engine.load_adapter(_adapter(2))
     first, second = (r.getMessage() for r in caplog.records)

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer.backends.megatron_trainer import optimizer_state
-from trainer.backends.peft_trainer import lr_factor
+from trainer.backends.megatron.trainer import optimizer_state
+from trainer.backends.torch.trainer import lr_factor
 from trainer.config import OptimizerConfig
 from trainer.run import tensor_state
 

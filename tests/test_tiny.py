@@ -99,7 +99,7 @@ def test_an_untrained_model_earns_the_reward_now_and_then(built):
     from transformers import AutoTokenizer
 
     from trainer.backends.base import SamplingParams
-    from trainer.backends.hf_rollout import HFRolloutEngine
+    from trainer.backends.torch.rollout import HFRolloutEngine
 
     tokenizer = AutoTokenizer.from_pretrained(built / "m")
     engine = HFRolloutEngine(str(built / "m"))

@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from tests.test_loop import LocalEngines, LocalTrainers
     from trainer.arguments import parse_args
-    from trainer.backends.hf_rollout import create as create_engine
-    from trainer.backends.peft_trainer import create as create_trainer
+    from trainer.backends.torch.rollout import create as create_engine
+    from trainer.backends.torch.trainer import create as create_trainer
     from trainer.loop import GRPOLoop
     from trainer.run.data import eval_sets, rollout_source
     from trainer.run.metrics import MetricsLogger

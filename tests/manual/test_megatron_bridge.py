@@ -40,7 +40,7 @@ def trainer(tmp_path_factory):
         pytest.skip("needs a GPU")
     import torch.distributed as dist
 
-    from trainer.backends import megatron_trainer
+    from trainer.backends.megatron import trainer as megatron_trainer
 
     root = tmp_path_factory.mktemp("bridge")
     tiny.build(root / "model", root / "data", seed=0, shape="qwen3-0.6b", device="cuda")

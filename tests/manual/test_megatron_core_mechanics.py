@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from trainer.arguments import parse_args
-from trainer.backends import megatron_config as mc
-from trainer.backends import megatron_lora_names as names
 from trainer.backends.base import LoraAdapter, TrainBatch
+from trainer.backends.megatron import config as mc
+from trainer.backends.megatron import lora_names as names
 from trainer.grpo.loss import Normalizer
 from trainer.loop import GRPOLoss
 
@@ -109,7 +109,7 @@ def built(distributed, request):
     from megatron.core.transformer.module import Float16Module
 
     from trainer.backends import registry
-    from trainer.backends.megatron_trainer import MegatronParts, policy_trainer
+    from trainer.backends.megatron.trainer import MegatronParts, policy_trainer
 
     args = parse_args([*ARGV, "--dtype", request.param])
     dtype = torch.bfloat16 if request.param == "bf16" else torch.float32

@@ -15,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from trainer.arguments import PROG
-from trainer.backends import registry, sglang_args
+from trainer.backends import registry
+from trainer.backends.sglang import args as sglang_args
 from trainer.config import TrainConfig
 from trainer.errors import UsageError
 from trainer.job import memory_estimate, model_shape

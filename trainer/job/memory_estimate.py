@@ -118,7 +118,7 @@ def trainer_memory(
 ) -> TrainerMemory:
     """`tokens`: of one micro-batch; `dtype_bytes`: of the training dtype (2 bf16, 4 fp32).
     Training the merged policy (``--lora-serving merged``) adds nothing: each layer merges its
-    weight again in backward (`trainer.backends.merged_policy`)."""
+    weight again in backward (`trainer.backends.torch.merged_policy`)."""
     per_layer = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens * shape.hidden_size
     per_layer = per_layer * dtype_bytes // 2
     if gradient_checkpointing:

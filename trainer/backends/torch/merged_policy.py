@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from trainer.backends.lora_merge import MergeError, merged_weight
-from trainer.backends.peft_targets import unmergeable_layer
+from trainer.backends.torch.targets import unmergeable_layer
 
 
 def _merge(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:

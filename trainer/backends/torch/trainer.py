@@ -21,7 +21,7 @@ from trainer.backends.base import ForwardOutput, LoraAdapter, LossFn, StepResult
 from trainer.backends.devices import torch_dtype
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.frozen_weights import FrozenWeights
-from trainer.backends.peft_targets import peft_lora_config
+from trainer.backends.torch.targets import peft_lora_config
 from trainer.errors import first_line
 from trainer.run.checkpoint import ADAPTER_DIR, CheckpointError
 
@@ -116,12 +116,12 @@ class PeftPolicyTrainer:
         response tokens per chunk of the log-prob computation (``--log-probs-chunk-size``;
         -1: `trainer.grpo.logprobs.DEFAULT_CHUNK_ROWS`). `merged`: the engines serve the adapter
         merged (``--lora-serving merged``), so the policy trained is the merged one
-        (`trainer.backends.merged_policy`)."""
+        (`trainer.backends.torch.merged_policy`)."""
         import torch
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
 
-        from trainer.backends.merged_policy import MergedPolicy
+        from trainer.backends.torch.merged_policy import MergedPolicy
         from trainer.grpo.logprobs import chunk_rows_for
 
         self.device = torch.device(device)
@@ -338,7 +338,7 @@ def resume_problem(config: TrainConfig, path: Path) -> str | None:
     make (names and shapes; `peft_targets.adapter_shapes`)."""
     from safetensors import safe_open
 
-    from trainer.backends.peft_targets import adapter_shapes
+    from trainer.backends.torch.targets import adapter_shapes
     from trainer.run import tensor_state
 
     try:

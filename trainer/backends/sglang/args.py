@@ -28,11 +28,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.backends.sglang_server_fields import SERVER_ARGS_FIELDS, SGLANG_VERSION
+from trainer.backends.sglang.server_fields import SERVER_ARGS_FIELDS, SGLANG_VERSION
 from trainer.config.misc import MAX_SEED
 
 if TYPE_CHECKING:
-    from trainer.backends.megatron_lora_names import LoraTargets
+    from trainer.backends.megatron.lora_names import LoraTargets
     from trainer.config import TrainConfig
 
 FLAG_PREFIX = "--sglang-"

@@ -30,11 +30,12 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.backends import megatron_config as mc
-from trainer.backends import megatron_lora_names as names
 from trainer.backends.base import ForwardOutput, LoraAdapter, LossFn, StepResult, TrainBatch
+from trainer.backends.devices import gpu_index
 from trainer.backends.frozen_weights import FrozenWeights
-from trainer.backends.megatron_batching import (
+from trainer.backends.megatron import config as mc
+from trainer.backends.megatron import lora_names as names
+from trainer.backends.megatron.batching import (
     context_parallel_order,
     context_parallel_positions,
     pack_by_token_budget,
@@ -42,7 +43,6 @@ from trainer.backends.megatron_batching import (
     regroup,
     row_lengths,
 )
-from trainer.backends.registry import gpu_index
 from trainer.run.checkpoint import ADAPTER_DIR, CheckpointError
 
 if TYPE_CHECKING:

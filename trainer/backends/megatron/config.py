@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer.backends.megatron_lora_names import LoraTargets
+    from trainer.backends.megatron.lora_names import LoraTargets
     from trainer.config import LoraConfig, MegatronConfig, OptimizerConfig
 
 

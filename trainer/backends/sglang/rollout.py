@@ -33,7 +33,7 @@ handle of the buffer rather than a copy (SGLang rebuilds the tensor on its side 
 handle); SGLang flushes its prefix cache after the update.
 
 Each adapter load logs one line with how long packing the adapter, SGLang's load of it and its
-unload of the previous one took (logger ``trainer.backends.sglang_rollout``, INFO; SGLang
+unload of the previous one took (logger ``trainer.backends.sglang.rollout``, INFO; SGLang
 configures the root logger at its log level, ``info`` unless ``--sglang-log-level`` says
 otherwise): together they are most of ``time/load_adapter``.
 """
@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.backends import registry
 from trainer.backends.base import Generation, LoraAdapter, SamplingParams
-from trainer.backends.devices import torch_dtype
+from trainer.backends.devices import gpu_index, torch_dtype
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.generation_parsing import (
     parse_input_logprobs,
@@ -62,7 +62,7 @@ from trainer.backends.generation_parsing import (
     sampling_params,
 )
 from trainer.backends.lora_merge import LoraMerger
-from trainer.backends.sglang_args import build_server_args
+from trainer.backends.sglang.args import build_server_args
 
 if TYPE_CHECKING:
     import torch
@@ -245,7 +245,7 @@ def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> SGLang
     server_args = build_server_args(
         config,
         registry.adapter_targets(config),
-        base_gpu_id=registry.gpu_index(device),
+        base_gpu_id=gpu_index(device),
         engine_index=engine_index,
     )
     merger = None

@@ -15,7 +15,7 @@ import difflib
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from trainer.backends.megatron_lora_names import PEFT_PREFIX
+from trainer.backends.megatron.lora_names import PEFT_PREFIX
 from trainer.errors import first_line
 
 if TYPE_CHECKING:
