@@ -327,7 +327,7 @@ def test_resolved_config_is_json_and_redacts_secret_extras() -> None:
 def test_the_trainer_redacts_with_the_harness_pattern(name: str, secret: bool) -> None:
     """One pattern says what a secret is, for the launcher's recordings and the trainer's
     config alike (the trainer's own substring match hid paths and token counts)."""
-    from harness.secrets import is_secret
+    from common.secrets import is_secret
 
     argv = [*BASE, "--rollout-backend", "sglang", f"--sglang-{name}", "4096"]
     config = parse_args(argv).as_dict()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import owned_files
+from common import owned_files
 from trainer.arguments import parse_args
 from trainer.run import adapter_check, checkpoint
 from trainer.run.metrics import METRICS_FILE, MetricsError, MetricsLogger, write_summary

@@ -15,6 +15,7 @@ from tests.nested_pytest import run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = (
+    "common",
     "harness",
     "launchers",
     "trainer",
@@ -22,7 +23,6 @@ COPIED = (
     "conftest.py",
     "pyproject.toml",
     "train.py",
-    "command_line.py",
 )
 TESTS = ("tests/test_snapshots.py", "tests/test_record_isolation.py", "tests/test_cli.py")
 

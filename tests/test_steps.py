@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from harness.secrets import REDACTED, is_secret, scrub, scrub_data
+from common.secrets import REDACTED, is_secret, scrub, scrub_data
 from harness.steps import (
     ClaimRun,
     HubDownload,

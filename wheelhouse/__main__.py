@@ -12,7 +12,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from command_line import run_command
+from common.command_line import run_command
 from wheelhouse.batches import WheelhouseError
 
 _DESCRIPTION = """\

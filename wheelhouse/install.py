@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from owned_files import NotPrivate, owned_dir, write_atomic
+from common.owned_files import NotPrivate, owned_dir, write_atomic
 from wheelhouse.batches import MANIFEST, MANIFEST_FORMAT, WheelhouseError, sha256
 from wheelhouse.merge import merge_into
 

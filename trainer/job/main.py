@@ -137,7 +137,7 @@ def check_directories(config: TrainConfig) -> None:
     every directory above them only this user (and root) can change
     (`owned_files.check_dir`): another user could plant a symlink where the run writes, or a
     checkpoint where it reads. Makes nothing."""
-    import owned_files
+    from common import owned_files
     from trainer.run import file_checks
 
     paths = config.checkpoint

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import owned_files
+from common import owned_files
 
 CHECK_FILE = "logprob_check.json"
 

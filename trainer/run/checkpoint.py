@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import owned_files
+from common import owned_files
 from trainer.errors import first_line
 from trainer.run import file_checks
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import owned_files
+from common import owned_files
 from trainer.errors import UsageError
 
 if TYPE_CHECKING:
