@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from tests.test_loop import LocalEngines, LocalTrainers
+    from tests.trainer.test_loop import LocalEngines, LocalTrainers
     from trainer.arguments import parse_args
     from trainer.backends.torch.rollout import create as create_engine
     from trainer.backends.torch.trainer import create as create_trainer

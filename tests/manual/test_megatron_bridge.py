@@ -21,7 +21,7 @@ import os
 import pytest
 import torch
 
-from tests.private_ray import free_port
+from tests.support.private_ray import free_port
 from trainer import tiny
 from trainer.arguments import parse_args
 from trainer.backends.base import TrainBatch

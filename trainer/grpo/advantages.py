@@ -12,7 +12,8 @@ rollout's response tokens (a truncated response weighs nothing under ``--overlon
 GSPO keeps GRPO's advantages and takes one ratio per response.
 
 A new variant is a class here, registered in `ESTIMATORS` (which the flag's choices list), with
-its test in ``tests/test_advantages.py``. Pure: tensors in, tensors out; no Ray, no backend.
+its test in ``tests/trainer/grpo/test_advantages.py``. Pure: tensors in, tensors out; no Ray, no
+backend.
 """
 
 from __future__ import annotations
