@@ -1,5 +1,5 @@
 """On the node, offline: stash batches as they arrive, join split wheels, verify every wheel
-against the manifest and install them all with pip. Standard library only."""
+against the manifest and install them all with pip. Standard library (and `common`) only."""
 
 from __future__ import annotations
 

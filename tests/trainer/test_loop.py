@@ -495,7 +495,7 @@ def test_bad_inputs_stop_before_ray_starts(tiny_dirs, tmp_path):
 
 
 def test_lora_targets_the_model_cannot_take_stop_before_ray_starts(tiny_dirs, tmp_path):
-    """The wiring of `peft_targets` into train.py (its cases:
+    """The wiring of `trainer.backends.torch.targets` into train.py (its cases:
     tests/trainer/backends/torch/test_targets.py)."""
     model, data = tiny_dirs
     ray_tmp = tmp_path / "ray"

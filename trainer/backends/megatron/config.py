@@ -3,7 +3,8 @@
 Each function returns the keyword arguments (or attributes) of one Megatron object, named as in
 Megatron-core 0.16.1 / Megatron-Bridge 0.3.1: the model provider (``GPTModelProvider``, a
 ``TransformerConfig``), ``OptimizerConfig``, ``OptimizerParamScheduler``,
-``DistributedDataParallelConfig`` and Bridge's ``LoRA``. Pure: `megatron_trainer` applies them.
+``DistributedDataParallelConfig`` and Bridge's ``LoRA``. Pure: `trainer.backends.megatron.trainer`
+applies them.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def provider_settings(megatron: MegatronConfig) -> dict[str, Any]:
 
 def lora_settings(lora: LoraConfig, targets: LoraTargets) -> dict[str, Any]:
     """Bridge ``LoRA(...)`` kwargs; exclusions are resolved into the target list
-    (`megatron_lora_names.resolve_targets`), because Bridge's own exclude mode would also wrap
+    (`lora_names.resolve_targets`), because Bridge's own exclude mode would also wrap
     the output layer."""
     return {
         "target_modules": list(targets.megatron),

@@ -335,7 +335,7 @@ class PeftPolicyTrainer:
 def resume_problem(config: TrainConfig, path: Path) -> str | None:
     """Why this trainer cannot resume checkpoint `path` with `config`, or None: its trainer
     state unreadable, or its adapter's tensors not the ones this run's model and LoRA flags
-    make (names and shapes; `peft_targets.adapter_shapes`)."""
+    make (names and shapes; `targets.adapter_shapes`)."""
     from safetensors import safe_open
 
     from trainer.backends.torch.targets import adapter_shapes
