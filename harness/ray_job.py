@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from common.secrets import is_secret
 from harness.cluster_shape import ClusterShape, TrainArgv
 from harness.context import LaunchContext
 from harness.errors import LaunchError
@@ -12,7 +13,6 @@ from harness.hardware import Hardware
 from harness.launcher import LauncherArgs, train_flags
 from harness.platform import platform_env
 from harness.run_tag import RunTag
-from harness.secrets import is_secret
 from harness.steps import (
     ClaimRun,
     RayJobSubmit,
@@ -86,7 +86,7 @@ def execute_train(
     for its nodes and train.py's placement flags, which `train_argv` places with
     `CLUSTER_FLAGS`, all derive from it.
 
-    Secret variables (`harness.secrets`) of the job's environment go, on a Ray of this run's
+    Secret variables (`common.secrets`) of the job's environment go, on a Ray of this run's
     own, into a private file beside its token that the runtime env names (`trainer.job_env`):
     Ray logs a runtime env's variables in clear text. A cluster given by address gets them as
     variables.

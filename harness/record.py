@@ -14,9 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.secrets import scrub, scrub_data
 from harness.context import Plan, build_plan
 from harness.launcher import Launcher, LauncherArgs, flag
-from harness.secrets import scrub, scrub_data
 from harness.steps import Step
 
 

@@ -13,10 +13,10 @@ import shlex
 import unicodedata
 from typing import Any
 
+from common.secrets import is_secret
 from harness.context import LaunchContext
 from harness.errors import LaunchError
 from harness.launcher import LauncherArgs, flag
-from harness.secrets import is_secret
 from harness.steps import WriteFile
 
 # Resolved per node from the allocation, never fixed in the script.

@@ -5,7 +5,7 @@ GRPO, data and checkpoints. A launcher is one declaration, ``LAUNCHER = launcher
 ...)``, of its platform choices: the hardware it supports and records, SGLang's attention and
 LoRA backends (`SGLangBackends`), its wandb project, and its evidence. The platform
 environment follows from the hardware (harness.platform), the cluster flags from the cluster
-(harness.cluster_shape). tests/test_qwen3_4b_lora_twins.py holds the launchers to that.
+(harness.cluster_shape). tests/launchers/test_qwen3_4b_lora_twins.py holds the launchers to that.
 """
 
 from __future__ import annotations

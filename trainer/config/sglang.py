@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from harness.secrets import REDACTED, is_secret
+from common.secrets import REDACTED, is_secret
 from trainer.config.flags import collected, flag, flag_fields, option
 
 PREFIX = "--sglang-"
