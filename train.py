@@ -2,7 +2,7 @@
 
 import sys
 
-from trainer.main import main
+from trainer.job.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

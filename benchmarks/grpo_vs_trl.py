@@ -106,7 +106,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.memory_estimate import DeviceMemory
+from trainer.job.memory_estimate import DeviceMemory
 from trainer.tiny import SHAPES, parity
 
 GIB = 2**30
@@ -486,13 +486,13 @@ class Ours:
     def __init__(self, spec: Spec, steps: int) -> None:
         from transformers import AutoTokenizer
 
-        from trainer import colocate_memory
         from trainer.arguments import parse_args
         from trainer.backends import registry
         from trainer.backends.colocate import Colocation
-        from trainer.data import rollout_source
+        from trainer.job import colocate_memory
         from trainer.loop import GRPOLoop
-        from trainer.metrics import MetricsLogger
+        from trainer.run.data import rollout_source
+        from trainer.run.metrics import MetricsLogger
 
         self.spec = spec
         device = "cuda:0" if spec.device.startswith("cuda") else "cpu"

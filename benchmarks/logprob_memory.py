@@ -1,11 +1,11 @@
 """Peak memory of the training log-probabilities of one long response, before and after
-`trainer.logprobs` (chunked selective log-softmax).
+`trainer.grpo.logprobs` (chunked selective log-softmax).
 
 One response of `--tokens` tokens: its hidden states ``[tokens, hidden]`` (requiring grad) go
 through a frozen output layer ``[vocab, hidden]`` (LoRA leaves it frozen; Qwen3 ties it to the
 embeddings) to the sampled tokens' log-probabilities and entropies; backward of their sum.
 *before* is the trainer's former computation (full logits, float32 log-softmax, entropy from
-the full float32 logits); *after* is `trainer.logprobs.token_logprobs`. Reported: peak memory
+the full float32 logits); *after* is `trainer.grpo.logprobs.token_logprobs`. Reported: peak memory
 above the inputs (hidden states, output layer, targets) and the time of forward + backward.
 
 On CUDA the peak is ``torch.cuda.max_memory_allocated``. On CPU each variant runs in a fresh
@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from trainer.grpo import entropy_from_logits
-from trainer.logprobs import DEFAULT_CHUNK_ROWS, token_logprobs
+from trainer.grpo.logprobs import DEFAULT_CHUNK_ROWS, token_logprobs
+from trainer.grpo.loss import entropy_from_logits
 
 VARIANTS = ("before", "after")
 MIB = 2**20

@@ -1,5 +1,5 @@
 """What training the merged policy costs the PEFT trainer (``--lora-serving merged``,
-`trainer.backends.merged_policy`) against training the adapter, side by side in one process.
+`trainer.backends.torch.merged_policy`) against training the adapter, side by side in one process.
 
 Two trainers of `grpo_vs_trl.py`'s model and LoRA (r64, alpha 32, all linear layers, bf16 on a
 GPU) take turns at optimizer steps over the same micro-batches (`--micro-batches` x
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--steps, --micro-batches and --micro-batch must be >= 1")
     import torch
 
-    from trainer.backends.peft_trainer import PeftPolicyTrainer
+    from trainer.backends.torch.trainer import PeftPolicyTrainer
     from trainer.config import LoraConfig, OptimizerConfig
 
     cuda = options.device == "cuda"

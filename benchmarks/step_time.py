@@ -26,7 +26,7 @@ from harness.host import local_host
 from harness.steps import train_py_argv
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER
 from trainer import tiny
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIGS = ("1-rank=", "2-ranks=--actor-num-gpus-per-node 2")

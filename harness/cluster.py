@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from functools import partial
 
-from command_line import run_command
+from common.command_line import run_command
 from harness.private_files import NotPrivate, check_private_file
 
 _POLL_S = 2.0

@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.secrets import is_secret, secrets_in
 from harness.cluster_shape import ClusterShape
 from harness.errors import LaunchError
 from harness.hardware import Hardware, get_hardware, match_hardware
 from harness.host import HostView, record_host
 from harness.launcher import Launcher, LauncherArgs, path_fields
-from harness.secrets import is_secret, secrets_in
 from harness.steps import RayJobSubmit, Shell, Step, train_py_argv
 
 
@@ -216,8 +216,8 @@ def check_local_outputs(plan: Plan) -> None:
     write can be made and written, and nobody but this user (and root) can change them or a
     directory above them (another user could plant a symlink there and have the run
     overwrite a file of their choice)."""
-    from owned_files import NotPrivate, owned_dir
-    from trainer.file_checks import writable_dir_problem
+    from common.owned_files import NotPrivate, owned_dir
+    from trainer.run.file_checks import writable_dir_problem
 
     for flag, path in local_output_dirs(plan):
         if problem := writable_dir_problem(Path(path)):
@@ -233,9 +233,9 @@ def check_local_inputs(plan: Plan) -> None:
     it resumes from) passes train.py's own input checks: a missing model or a prompt row
     without its label is one line before any Ray starts, not a job failing after it."""
     from trainer.arguments import parse_args
-    from trainer.checkpoint import CheckpointError
     from trainer.errors import UsageError
-    from trainer.main import check_inputs
+    from trainer.job.main import check_inputs
+    from trainer.run.checkpoint import CheckpointError
 
     for argv in local_train_argvs(plan):
         try:

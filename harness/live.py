@@ -29,6 +29,8 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from common.owned_files import NotPrivate, owned_dir, write_atomic
+from common.secrets import is_secret, scrub
 from harness import ownership
 from harness.context import Plan, check_local_inputs, local_output_dirs
 from harness.errors import LaunchError, Terminated
@@ -36,7 +38,6 @@ from harness.lease import Lease
 from harness.locks import Locked, exclusive_lock
 from harness.private_files import write_secret
 from harness.run_tag import OUTPUT_LOCK, RunTag
-from harness.secrets import is_secret, scrub
 from harness.steps import (
     ClaimRun,
     Command,
@@ -51,7 +52,6 @@ from harness.steps import (
     WaitForHead,
     WriteFile,
 )
-from owned_files import NotPrivate, owned_dir, write_atomic
 
 _POLL_S = 2.0
 _ALIVE_S = 30.0

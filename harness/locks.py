@@ -14,7 +14,7 @@ import os
 import stat
 from collections.abc import Iterator
 
-from owned_files import NotPrivate
+from common.owned_files import NotPrivate
 
 
 class Locked(Exception):

@@ -44,7 +44,7 @@ from functools import partial
 
 import psutil
 
-from command_line import run_command
+from common.command_line import run_command
 from harness.gpu_processes import GpuMap, gpu_processes
 from harness.listeners import listeners
 from harness.locks import Locked, exclusive_lock

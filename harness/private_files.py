@@ -14,7 +14,7 @@ import os
 import shutil
 import stat
 
-from owned_files import NotPrivate, check_parents
+from common.owned_files import NotPrivate, check_parents
 
 
 def make_private_dir(path: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from common.secrets import is_secret
 from harness.cluster_shape import ClusterShape
 from harness.context import LaunchContext
 from harness.errors import LaunchError
@@ -14,7 +15,6 @@ from harness.launcher import LauncherArgs
 from harness.platform import platform_env
 from harness.run_config import run_config
 from harness.run_tag import RunTag
-from harness.secrets import is_secret
 from harness.steps import (
     ClaimRun,
     RayJobSubmit,
@@ -70,7 +70,7 @@ def execute_train(
     The cluster (`LaunchContext.cluster`) is resolved here, once: the ``ray start``, the wait
     for its nodes and train.py's placement all derive from it.
 
-    Secret variables (`harness.secrets`) of the job's environment go, on a Ray of this run's
+    Secret variables (`common.secrets`) of the job's environment go, on a Ray of this run's
     own, into a private file beside its token that the runtime env names (`trainer.job_env`):
     Ray logs a runtime env's variables in clear text. A cluster given by address gets them as
     variables.

@@ -14,9 +14,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.secrets import scrub, scrub_data
 from harness.context import Plan, build_plan
+from common.secrets import scrub, scrub_data
 from harness.launcher import Launcher, LauncherArgs
-from harness.secrets import scrub, scrub_data
 from harness.steps import Step
 from trainer.config.flags import option
 

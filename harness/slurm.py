@@ -13,10 +13,11 @@ import shlex
 import unicodedata
 from typing import Any
 
+from common.secrets import is_secret
 from harness.context import LaunchContext
 from harness.errors import LaunchError
+from common.secrets import is_secret
 from harness.launcher import LauncherArgs
-from harness.secrets import is_secret
 from harness.steps import WriteFile
 from trainer.config.flags import option
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 SNAPSHOT_ROOT = Path(CHECKOUT) / "tests" / "snapshots"
 SUFFIX = ".txt"
 # Writes the snapshots of the selected launchers (-k PATH), in the checkout's root.
-UPDATE_COMMAND = "pytest tests/test_snapshots.py --snapshot-update"
+UPDATE_COMMAND = "pytest tests/launchers/test_snapshots.py --snapshot-update"
 
 
 def snapshot_path(name: str, root: Path = SNAPSHOT_ROOT) -> Path:

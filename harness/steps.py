@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple
 
+from common.secrets import redact_env
 from harness.run_tag import JOB_ENV_FILE, TAG_VAR, RunTag
-from harness.secrets import redact_env
 
 _FLAG = re.compile(r"^--[A-Za-z]|^--$")  # long flags start a line; -m, -9 stay put
 _ONE_LINE_WIDTH = 72

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness.snapshot import LauncherSnapshotExtension, missing_snapshot
-from tests.private_ray import PrivateRay
+from tests.support.private_ray import PrivateRay
 
 
 @pytest.fixture

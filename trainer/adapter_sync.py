@@ -4,7 +4,7 @@ After each update the trainers score one fixed sequence (the first rollout's fir
 the new adapter (`AdapterSyncProbe.expect`); once the engines have loaded that adapter they score
 it too (`AdapterSyncProbe.check`): the worst mean |engine - trainer| log-prob over the engines is
 ``sync/engine_trainer_logprob_abs_diff``. At each save the expectation goes beside the adapter
-(`trainer.adapter_check`), so whoever loads it elsewhere can check it reproduces the policy; a
+(`trainer.run.adapter_check`), so whoever loads it elsewhere can check it reproduces the policy; a
 resumed run takes it back (`AdapterSyncProbe.restore`), so its first rollout checks that the
 engines serve the adapter it resumed from.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from trainer import adapter_check
 from trainer.backends.base import Generation, RolloutEngine, TrainBatch, TrainerGroup
 from trainer.batching import pack
+from trainer.run import adapter_check
 
 
 class AdapterSyncProbe:

@@ -1,7 +1,7 @@
 """The GRPO loop, independent of Ray and of the backends.
 
 Each rollout: sample prompts -> generate `n` responses each -> rewards -> advantages (the
-estimator ``--advantage-estimator`` names, `trainer.advantages`) -> log-probabilities of the
+estimator ``--advantage-estimator`` names, `trainer.grpo.advantages`) -> log-probabilities of the
 policy (old) and, with ``--use-kl-loss``, of the reference (adapter disabled) -> optimizer steps
 over ``--global-batch-size`` samples, split over the data-parallel ranks and into micro-batches
 (`trainer.batching`) -> export the adapter, which reaches the rollout engines in memory before
@@ -9,7 +9,7 @@ they generate again (checked with ``--check-adapter-sync``, `trainer.adapter_syn
 ``--eval-interval`` -> checkpoint every ``--save-interval`` and at the end.
 
 The loop drives a `TrainerGroup` (data-parallel ranks) and the rollout engines behind one
-`RolloutEngine`; `trainer.placement` provides them as Ray actors. With ``--colocate`` the two
+`RolloutEngine`; `trainer.job.placement` provides them as Ray actors. With ``--colocate`` the two
 take turns on the devices through `trainer.backends.colocate.Colocation`.
 
 Work left out: the reference forward runs only with ``--use-kl-loss``; micro-batches are
@@ -29,7 +29,6 @@ from typing import Any, Protocol
 
 import torch
 
-from trainer import checkpoint
 from trainer.adapter_sync import AdapterSyncProbe
 from trainer.backends.base import (
     ForwardOutput,
@@ -44,18 +43,19 @@ from trainer.backends.base import (
 from trainer.backends.colocate import Colocation, Phase
 from trainer.batching import Steps, micro_batches
 from trainer.config import TrainConfig
-from trainer.data import RolloutDataSource, Sample, num_rollouts
 from trainer.errors import UsageError
-from trainer.grpo import GRPOConfig, Normalizer, grpo_loss
-from trainer.metrics import MetricsLogger
-from trainer.rewards import (
+from trainer.grpo.filters import keeps
+from trainer.grpo.loss import GRPOConfig, Normalizer, grpo_loss
+from trainer.grpo.rewards import (
     RewardSample,
     call_custom_rewards,
     get_reward,
     load_function,
     reward_value,
 )
-from trainer.sampling_filters import keeps
+from trainer.run import checkpoint
+from trainer.run.data import RolloutDataSource, Sample, num_rollouts
+from trainer.run.metrics import MetricsLogger
 
 
 class Tokenizer(Protocol):

@@ -1,7 +1,7 @@
 """`python -m wheelhouse {inventory,build,install}`: a wheelhouse for air-gapped GPU nodes.
 
-`inventory` and `install` run on the node with the standard library only; `build` runs where
-PyPI is reachable and imports its helpers lazily.
+`inventory` and `install` run on the node with the standard library (and `common`) only; `build`
+runs where PyPI is reachable and imports its helpers lazily.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from command_line import run_command
+from common.command_line import run_command
 from wheelhouse.batches import WheelhouseError
 
 _DESCRIPTION = """\

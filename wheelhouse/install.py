@@ -1,5 +1,5 @@
 """On the node, offline: stash batches as they arrive, join split wheels, verify every wheel
-against the manifest and install them all with pip. Standard library only."""
+against the manifest and install them all with pip. Standard library (and `common`) only."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from owned_files import NotPrivate, owned_dir, write_atomic
+from common.owned_files import NotPrivate, owned_dir, write_atomic
 from wheelhouse.batches import MANIFEST, MANIFEST_FORMAT, WheelhouseError, sha256
 from wheelhouse.merge import merge_into
 

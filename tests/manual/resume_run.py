@@ -45,13 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from tests.test_loop import LocalEngines, LocalTrainers
+    from tests.trainer.test_loop import LocalEngines, LocalTrainers
     from trainer.arguments import parse_args
-    from trainer.backends.hf_rollout import create as create_engine
-    from trainer.backends.peft_trainer import create as create_trainer
-    from trainer.data import eval_sets, rollout_source
+    from trainer.backends.torch.rollout import create as create_engine
+    from trainer.backends.torch.trainer import create as create_trainer
     from trainer.loop import GRPOLoop
-    from trainer.metrics import MetricsLogger
+    from trainer.run.data import eval_sets, rollout_source
+    from trainer.run.metrics import MetricsLogger
 
     parser = argparse.ArgumentParser(prog="python -m tests.manual.resume_run")
     parser.add_argument("model", type=Path)

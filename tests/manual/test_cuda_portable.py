@@ -20,7 +20,7 @@ from harness import build_plan
 from harness.host import local_host
 from harness.steps import train_py_argv
 from launchers.cpu.run_tiny_qwen3_lora import LAUNCHER
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,8 +84,8 @@ def test_the_transformers_engine_gives_back_all_its_gpu_memory_and_resumes(tmp_p
 
     from trainer import tiny
     from trainer.backends.base import SamplingParams
-    from trainer.backends.hf_rollout import HFRolloutEngine
-    from trainer.backends.peft_trainer import PeftPolicyTrainer
+    from trainer.backends.torch.rollout import HFRolloutEngine
+    from trainer.backends.torch.trainer import PeftPolicyTrainer
     from trainer.config import LoraConfig, OptimizerConfig
 
     model = tmp_path / "model"

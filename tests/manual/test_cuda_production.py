@@ -13,7 +13,7 @@ exits 0, every step is logged once; the seed's health metric (mean
 ``train_rollout_logprob_abs_diff``) is below 0.03; after every update the engine serves the
 trainer's adapter (``--check-adapter-sync``) while the adapter has moved the policy by more than
 that; the adapter saved at the end, loaded into PEFT + transformers, gives the trainer's
-log-probs (`trainer.adapter_check`); the step time splits into rollout, log-probs, train,
+log-probs (`trainer.run.adapter_check`); the step time splits into rollout, log-probs, train,
 adapter export, adapter load and the swaps.
 
 `test_seed_recipe_at_qwen3_4b_size`: the seed's values (8 prompts x 8 samples, LoRA r64/a32
@@ -49,8 +49,8 @@ import pytest
 from harness.hardware import match_hardware
 from harness.host import CHECKOUT, detect_gpus
 from tests.manual.live_run import as_settings, run_streaming
-from trainer import adapter_check, checkpoint
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer.run import adapter_check, checkpoint
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 ROLLOUTS = 12
 SAVE_INTERVAL = 4

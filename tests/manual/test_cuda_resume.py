@@ -1,7 +1,7 @@
 """A resumed run is the same run on one NVIDIA GPU in bf16 (portable backends, no Ray): the
 tiny recipe stopped after rollout 3 and run again resumes from its checkpoint of rollout 2 and
-ends where the run uninterrupted ends (`tests/test_resume_same_run.py` proves it bit for bit on
-the CPU, through ``train.py`` and Ray).
+ends where the run uninterrupted ends (`tests/trainer/test_resume_same_run.py` proves it bit for
+bit on the CPU, through ``train.py`` and Ray).
 
 Run on purpose: ``pytest -m cuda_gpu tests/manual/test_cuda_resume.py -s``. Self-contained: it
 builds the tiny model, and each run is its own process (`tests.manual.resume_run`) with
@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from tests.manual.resume_run import EXIT_STOPPED, ROLLOUTS
-from trainer import checkpoint, tensor_state
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer.run import checkpoint, tensor_state
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,13 +21,13 @@ import os
 import pytest
 import torch
 
-from tests.private_ray import free_port
+from tests.support.private_ray import free_port
 from trainer import tiny
 from trainer.arguments import parse_args
 from trainer.backends.base import TrainBatch
-from trainer.checkpoint import ADAPTER_DIR
-from trainer.grpo import Normalizer
+from trainer.grpo.loss import Normalizer
 from trainer.loop import GRPOLoss
+from trainer.run.checkpoint import ADAPTER_DIR
 
 CLOSE = 0.03  # bf16, Transformer Engine's kernels against transformers' (the seed's threshold)
 
@@ -40,7 +40,7 @@ def trainer(tmp_path_factory):
         pytest.skip("needs a GPU")
     import torch.distributed as dist
 
-    from trainer.backends import megatron_trainer
+    from trainer.backends.megatron import trainer as megatron_trainer
 
     root = tmp_path_factory.mktemp("bridge")
     tiny.build(root / "model", root / "data", seed=0, shape="qwen3-0.6b", device="cuda")

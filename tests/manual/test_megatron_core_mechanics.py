@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from trainer.arguments import parse_args
-from trainer.backends import megatron_config as mc
-from trainer.backends import megatron_lora_names as names
 from trainer.backends.base import LoraAdapter, TrainBatch
-from trainer.grpo import Normalizer
+from trainer.backends.megatron import config as mc
+from trainer.backends.megatron import lora_names as names
+from trainer.grpo.loss import Normalizer
 from trainer.loop import GRPOLoss
 
 VOCAB, LAYERS, HIDDEN, HEADS, GROUPS, HEAD_DIM, FFN = 96, 2, 64, 4, 2, 16, 96
@@ -109,7 +109,7 @@ def built(distributed, request):
     from megatron.core.transformer.module import Float16Module
 
     from trainer.backends import registry
-    from trainer.backends.megatron_trainer import MegatronParts, policy_trainer
+    from trainer.backends.megatron.trainer import MegatronParts, policy_trainer
 
     args = parse_args([*ARGV, "--dtype", request.param])
     dtype = torch.bfloat16 if request.param == "bf16" else torch.float32
@@ -265,7 +265,7 @@ def _mechanics(built) -> LoraAdapter:
 
 
 def _save_load_and_backup(trainer, exported: LoraAdapter, tmp_path: Path) -> None:
-    from trainer.checkpoint import ADAPTER_DIR
+    from trainer.run.checkpoint import ADAPTER_DIR
 
     trainer.save(tmp_path)
     assert (tmp_path / ADAPTER_DIR / "adapter_model.safetensors").is_file()

@@ -26,8 +26,8 @@ import pytest
 from harness.hardware import match_hardware
 from harness.host import CHECKOUT, detect_gpus
 from tests.manual.live_run import as_settings
-from trainer.checkpoint import ADAPTER_DIR, iter_dir
-from trainer.metrics import METRICS_FILE, read_metrics
+from trainer.run.checkpoint import ADAPTER_DIR, iter_dir
+from trainer.run.metrics import METRICS_FILE, read_metrics
 
 RUN_ID = "production-backends"
 ROLLOUTS = 2

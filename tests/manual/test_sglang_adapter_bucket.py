@@ -1,4 +1,4 @@
-"""Live: the adapter payloads `trainer.backends.sglang_rollout` sends with
+"""Live: the adapter payloads `trainer.backends.sglang.rollout` sends with
 ``load_format="flattened_bucket"`` unpickle in another process exactly as SGLang's scheduler
 unpickles them (``MultiprocessingSerializer.deserialize`` behind its restricted unpickler, then
 ``FlattenedTensorBucket.reconstruct_tensors``), once per tensor-parallel rank; a buffer on the
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from trainer.backends.flat_tensors import FlatTensors
-from trainer.backends.sglang_rollout import flattened_bucket_payloads
+from trainer.backends.sglang.rollout import flattened_bucket_payloads
 
 
 def _scheduler_side(payload: bytes, queue: Queue) -> None:

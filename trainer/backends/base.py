@@ -5,7 +5,7 @@ updates; a *policy trainer* computes log-probabilities (with the adapter, or wit
 reference policy), takes optimizer steps and exports its adapter. Portable backends (PEFT +
 transformers) and production backends (Megatron-Bridge + SGLang) implement them; the loop never
 knows which pair it runs. It drives the trainers' data-parallel ranks as one `TrainerGroup`
-(`trainer.placement` provides them as Ray actors).
+(`trainer.job.placement` provides them as Ray actors).
 """
 
 from __future__ import annotations

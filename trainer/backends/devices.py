@@ -1,4 +1,4 @@
-"""Device and dtype helpers shared by the portable backends (torch imported lazily)."""
+"""Device and dtype helpers shared by the backends (torch imported lazily)."""
 
 from __future__ import annotations
 
@@ -18,3 +18,9 @@ def empty_cache(device: Any) -> None:
 
     if getattr(device, "type", device) == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def gpu_index(device: str) -> int:
+    """``cuda:3`` -> 3; ``cuda`` -> 0."""
+    _, _, index = device.partition(":")
+    return int(index) if index else 0

@@ -3,9 +3,9 @@
 A `BackendSpec` says everything the rest of the project knows about a backend without importing
 it: its ``--train-backend`` / ``--rollout-backend`` name, its display name (docs, the support
 matrix), the module of its factory, the packages and modules it needs and whether it runs on GPUs
-only (`trainer.preflight` checks them at job start), the config group of the flags only it reads
+only (`trainer.job.preflight` checks them at job start), the config group of the flags only it reads
 (`trainer.config`), its checks of the config when selected and of the checkpoint before launch
-(`trainer.main`), and, for a trainer, whether its LoRA adapts fused projections.
+(`trainer.job.main`), and, for a trainer, whether its LoRA adapts fused projections.
 ``trainer.arguments`` takes the flags' choices and the backends' checks from here; the config
 package sits below and never imports a backend.
 
@@ -22,8 +22,9 @@ files alone, before launch (`resume_problem` below).
 
 The factory hands the backend the groups it reads. ``device`` is ``"cpu"``, ``"cuda"`` or
 ``"cuda:<index>"`` (the GPU this process drives). Any trainer pairs with any engine: adapters
-travel as `LoraAdapter` under PEFT names. Nothing here imports a backend until its factory is
-called, so naming a missing production backend costs nothing until it is used.
+travel as `LoraAdapter` under PEFT names. Nothing here imports a backend's module before it is
+called for (a factory or a check by its dotted name, the LoRA names inside `adapter_targets`),
+so naming a missing production backend costs nothing until it is used.
 """
 
 from __future__ import annotations
@@ -33,13 +34,22 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.backends import megatron_lora_names, peft_targets, sglang_args
-
 if TYPE_CHECKING:
     from pathlib import Path
 
     from trainer.backends.base import PolicyTrainer, RolloutEngine
+    from trainer.backends.megatron.lora_names import LoraTargets
     from trainer.config import TrainConfig
+
+
+def _lazy(path: str) -> Callable[..., Any]:
+    """The function `path` (``module:name``), its module imported when it is called."""
+    module, _, name = path.partition(":")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    return call
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,7 @@ TRAIN_BACKENDS: dict[str, BackendSpec] = {
     "megatron": BackendSpec(
         "megatron",
         "Megatron-Bridge",
-        "trainer.backends.megatron_trainer",
+        "trainer.backends.megatron.trainer",
         packages=("torch", "transformers", "megatron-core", "megatron-bridge"),
         # Megatron-Bridge's LoRA layers import Transformer Engine at module level.
         modules=("transformer_engine",),
@@ -72,26 +82,26 @@ TRAIN_BACKENDS: dict[str, BackendSpec] = {
     "torch": BackendSpec(
         "torch",
         "PyTorch + PEFT",
-        "trainer.backends.peft_trainer",
+        "trainer.backends.torch.trainer",
         packages=("torch", "transformers", "peft"),
         flags="torch",
-        input_check=peft_targets.problem,
+        input_check=_lazy("trainer.backends.torch.targets:problem"),
     ),
 }
 ROLLOUT_BACKENDS: dict[str, BackendSpec] = {
     "sglang": BackendSpec(
         "sglang",
         "SGLang",
-        "trainer.backends.sglang_rollout",
+        "trainer.backends.sglang.rollout",
         packages=("sglang",),
         needs_gpu=True,
         flags="sglang",
-        checks=sglang_args.problems,
+        checks=_lazy("trainer.backends.sglang.args:problems"),
     ),
     "hf": BackendSpec(
         "hf",
         "transformers `generate`",
-        "trainer.backends.hf_rollout",
+        "trainer.backends.torch.rollout",
         packages=("torch", "transformers", "peft"),
     ),
 }
@@ -117,20 +127,14 @@ def _lookup(table: dict[str, BackendSpec], name: str, flag: str) -> BackendSpec:
     return table[name]
 
 
-def adapter_targets(config: TrainConfig) -> megatron_lora_names.LoraTargets:
+def adapter_targets(config: TrainConfig) -> LoraTargets:
     """The modules the adapter covers, as the selected trainer trains it (a trainer with fused
     projections widens a request to whole groups): what the engines reserve LoRA room for."""
+    from trainer.backends.megatron.lora_names import resolve_targets
+
     fused = train_spec(config.placement.train_backend).fused_lora
     lora = config.lora
-    return megatron_lora_names.resolve_targets(
-        lora.target_modules, lora.exclude_modules, fused=fused
-    )
-
-
-def gpu_index(device: str) -> int:
-    """``cuda:3`` -> 3; ``cuda`` -> 0."""
-    _, _, index = device.partition(":")
-    return int(index) if index else 0
+    return resolve_targets(lora.target_modules, lora.exclude_modules, fused=fused)
 
 
 def _factory(spec: BackendSpec) -> Any:

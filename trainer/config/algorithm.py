@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from trainer.advantages import ESTIMATORS, GRPOEstimator, OverlongPenalty
 from trainer.config.flags import flag, non_negative, positive
 from trainer.config.rollout import RolloutConfig
-from trainer.grpo import AGG_MODES, KL_TYPES, GRPOConfig
+from trainer.grpo.advantages import ESTIMATORS, GRPOEstimator, OverlongPenalty
+from trainer.grpo.loss import AGG_MODES, KL_TYPES, GRPOConfig
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class AlgorithmConfig:
         )
 
     def loss(self, rollout: RolloutConfig) -> GRPOConfig:
-        """The policy loss's settings (`trainer.grpo.grpo_loss`)."""
+        """The policy loss's settings (`trainer.grpo.loss.grpo_loss`)."""
         return GRPOConfig(
             eps_clip=self.eps_clip,
             eps_clip_high=self.eps_clip_high,

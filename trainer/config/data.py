@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.config.flags import flag, json_object, option, positive
-from trainer.rewards import reward_names
+from trainer.grpo.rewards import reward_names
 
 _FUNCTION_PATH = re.compile(r"[\w.]+\.\w+")
 

@@ -80,7 +80,7 @@ class PlacementConfig:
     @property
     def swaps_memory(self) -> bool:
         """Whether trainer and engine take turns on the GPUs' memory (``auto`` is decided at
-        start, `trainer.colocate_memory`, before anything asks)."""
+        start, `trainer.job.colocate_memory`, before anything asks)."""
         if self.colocate and self.colocate_memory == "auto":
             raise ValueError("--colocate-memory auto is undecided until the job measures its GPU")
         return self.colocate and self.colocate_memory == "release"

@@ -11,7 +11,7 @@ from trainer.config.flags import flag, fraction, non_negative, positive
 MILES_NONZERO_STD_FILTER = (
     "miles.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
 )
-NONZERO_STD_FILTER = "trainer.sampling_filters.check_reward_nonzero_std"
+NONZERO_STD_FILTER = "trainer.grpo.filters.check_reward_nonzero_std"
 
 
 @dataclass(frozen=True)

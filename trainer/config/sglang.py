@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from common.secrets import REDACTED, is_secret
 from trainer.config.flags import collected, flag, flag_fields, option
 
 PREFIX = "--sglang-"
@@ -39,8 +40,6 @@ class SGLangConfig:
 
     def shown_extra(self) -> dict[str, str]:
         """`sglang_extra` with the values of secret-looking names redacted, sorted."""
-        from harness.secrets import REDACTED, is_secret
-
         return {k: (REDACTED if is_secret(k) else v) for k, v in sorted(self.sglang_extra.items())}
 
     def problems(self) -> Iterator[str]:

@@ -1,0 +1,800 @@
+"""The GRPO-vs-TRL benchmark's arithmetic and argument checks (it asserts nothing on time)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trainer.tiny import vocabulary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("grpo_vs_trl", ROOT / "benchmarks/grpo_vs_trl.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def full_spec(bench, **changes):
+    values = {
+        "work": "", "device": "cuda", "tiny": False, "prompts": 8, "samples": 8,
+        "prompt_len": 256, "response_len": 512, "micro_batch": 16, "lr": 2e-5, "seed": 0,
+        "rollout_backend": "sglang", **changes,
+    }  # fmt: skip
+    return bench.Spec(**values)
+
+
+@pytest.mark.parametrize(
+    ("shape", "expected"),
+    [("qwen3-0.6b", (596_049_920, 40_370_176)), ("qwen3-4b", (4_022_468_096, 132_120_576))],
+)
+def test_parameter_counts_match_the_model_and_adapter(bench, shape, expected):
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    spec = full_spec(bench, shape=shape)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(**spec.model_shape, tie_word_embeddings=True))
+        base = sum(p.numel() for p in model.parameters())
+        lora = get_peft_model(model, LoraConfig(r=64, target_modules=bench.TARGETS))
+        adapter = sum(p.numel() for p in lora.parameters() if p.requires_grad)
+    assert bench.count_params(spec) == (base, adapter) == expected
+
+
+def test_decode_bound(bench):
+    spec = full_spec(bench)
+    base, lora = bench.count_params(spec)
+    # 1.27 GB of weights + 64 x 512 tokens x 114,688 KV bytes per decode step at 4.8 TB/s
+    per_step = (2 * (base + lora) + 64 * 512 * 114_688) / 4.8e12
+    assert bench.decode_bound(spec, 4.8, base, lora) == pytest.approx(64 / per_step)
+    assert bench.decode_bound(spec, 9.6, base, lora) == pytest.approx(2 * 64 / per_step)
+
+
+def test_summary(bench):
+    times = [
+        bench.StepTime(step_s=3.0, rollout_s=2.0, response_tokens=100, total_tokens=300),
+        bench.StepTime(step_s=5.0, rollout_s=2.0, response_tokens=100, total_tokens=300),
+        bench.StepTime(step_s=4.0, rollout_s=4.0, response_tokens=200, total_tokens=400),
+    ]
+    s = bench.summary(times)
+    assert (s["median"], s["min"], s["max"]) == (4.0, 3.0, 5.0)
+    assert s["rollout_tps"] == pytest.approx(400 / 8)
+    assert s["train_tps"] == pytest.approx(1000 / 4)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--micro-batch", "7"], "--micro-batch 7 does not divide 64 samples"),
+        (["--systems", "ours,vllm"], "a comma list of ours, trl, trl-vllm"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--trl-steps", "0"], "--steps must be >= 1 (every --SYSTEM-steps too)"),
+        (["--systems", "ours,trl-vllm"], "--systems trl-vllm: vLLM needs --device cuda"),
+        (["--trl-vllm-path", "/no/such/dir"], "--trl-vllm-path: /no/such/dir is not a directory"),
+        (["--systems", "ours,unsloth"], "--systems unsloth: vLLM needs --device cuda"),
+        (["--systems", "verl", "--one-at-a-time"], "--systems verl: vLLM needs --device cuda"),
+        (["--verl-path", "/no/such/dir"], "--verl-path: /no/such/dir is not a directory"),
+        (["--vllm-memory", "1.5"], "--vllm-memory 1.5: a share of the GPU, in (0, 1]"),
+        (
+            ["--response-len", "500"],
+            "--prompt-len 16 + --response-len 500 tokens: over the 512 positions of the tiny model",
+        ),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(bench, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse(["--device", "cpu", "--tiny", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_both_systems_get_the_same_varying_reward(bench):
+    from trainer.arguments import parse_args
+    from trainer.grpo.rewards import RewardSample
+    from trainer.loop import _user_function
+
+    args = parse_args(bench.ours_argv(full_spec(bench, work="/w"), steps=1))
+    ours = _user_function(args.reward.custom_rm_path)
+    texts = ["t7 t81", "t7 t812", "t70 t812"]
+    rewards = [ours(args.miles_args(), RewardSample("p", text, "label")) for text in texts]
+    assert rewards == [bench.parity(text) for text in texts] == [0.0, 1.0, 0.0]
+
+
+def test_the_4b_shape_builds_its_whole_vocabulary(bench):
+    spec = full_spec(bench, shape="qwen3-4b")
+    tokenizer = bench.build_tokenizer(spec, eos=False)
+    assert len(tokenizer) == 151936 and tokenizer.eos_token is None
+    words = bench.prompt_words(spec)
+    assert len(words) == 151936 - len(vocabulary()) and words[0].startswith("t")
+
+
+def test_phase_medians(bench):
+    times = [
+        {"phases": {"rollout": 2.0, "train": 1.0}},
+        {"phases": {"rollout": 4.0, "train": 3.0}},
+        {"phases": {"rollout": 3.0}},
+    ]
+    assert bench.phase_medians(times) == [("rollout", 3.0), ("train", 2.0)]
+
+
+def tiny_spec(bench, work, **changes):
+    values = {
+        "work": str(work), "device": "cpu", "tiny": True, "prompts": 8, "samples": 8,
+        "prompt_len": 16, "response_len": 32, "micro_batch": 16, "lr": 2e-5, "seed": 0,
+        "rollout_backend": "hf", **changes,
+    }  # fmt: skip
+    return bench.Spec(**values)
+
+
+def test_trl_vllm_config_generates_with_colocated_vllm_and_ignores_eos(bench, tmp_path):
+    pytest.importorskip("trl")
+    spec = tiny_spec(bench, tmp_path)
+    config = bench.trl_config(spec, steps=3, kind="trl-vllm")
+    eos = bench.build_tokenizer(spec, eos=True).eos_token_id
+    assert (config.use_vllm, config.vllm_mode, config.vllm_enable_sleep_mode) == (
+        True,
+        "colocate",
+        True,
+    )
+    assert config.vllm_gpu_memory_utilization == 0.3  # TRL's default
+    assert config.generation_kwargs == {"min_tokens": 32, "stop_token_ids": [eos]}
+    baseline = bench.trl_config(spec, steps=3, kind="trl")
+    assert not baseline.use_vllm and baseline.generation_kwargs == {"min_new_tokens": 32}
+    same = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps")
+    same += ("steps_per_generation", "num_generations", "max_completion_length", "beta")
+    same += ("max_steps", "num_iterations", "temperature", "gradient_checkpointing")
+    assert {k: getattr(config, k) for k in same} == {k: getattr(baseline, k) for k in same}
+    assert config.generation_batch_size == 64 and config.beta == 0.0
+
+
+class StandInLLM:
+    """vLLM's `LLM` as far as TRL 1.16's colocate mode uses it (trl/generation/vllm_generation.py):
+    it records what TRL asks and answers every prompt with `max_tokens` of the prompt's tokens."""
+
+    def __init__(self, model: str, **kwargs) -> None:
+        StandInLLM.made = self
+        self.kwargs = kwargs
+        self.events: list[tuple] = []
+        self.sampling: list = []
+        runner = SimpleNamespace(model=SimpleNamespace(load_weights=self.load_weights))
+        worker = SimpleNamespace(model_runner=runner)
+        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker))
+
+    def load_weights(self, weights: list) -> None:
+        self.events += [("load", name) for name, _ in weights]
+
+    def sleep(self, level: int) -> None:
+        self.events.append(("sleep", level))
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.events.append(("wake", *tags))
+
+    def reset_prefix_cache(self) -> None:
+        self.events.append(("reset",))
+
+    def generate(self, prompts: list[dict], sampling_params, use_tqdm: bool) -> list:
+        self.sampling.append(sampling_params)
+        outputs = []
+        for prompt in prompts:
+            ids = prompt["prompt_token_ids"]
+            tokens = [ids[i % len(ids)] for i in range(sampling_params.max_tokens)]
+            logprobs = [{t: SimpleNamespace(rank=1, logprob=-1.0)} for t in tokens]
+            completion = SimpleNamespace(token_ids=tokens, logprobs=logprobs)
+            outputs.append(SimpleNamespace(prompt_token_ids=ids, outputs=[completion]))
+        return outputs
+
+
+class Commands:
+    """The parent's end of a worker's pipe: hands out `commands`, keeps what the worker sends."""
+
+    def __init__(self, commands: list[str]) -> None:
+        self.commands = commands
+        self.sent: list = []
+
+    def recv(self) -> str:
+        return self.commands.pop(0)
+
+    def send(self, message) -> None:
+        self.sent.append(message)
+
+
+@pytest.mark.timeout(300)
+def test_the_trl_vllm_worker_syncs_once_per_step_through_trls_own_vllm_glue(
+    bench, tmp_path, monkeypatch
+):
+    """TRL's colocated-vLLM code with a stand-in engine: the methods the worker times exist and
+    run once a step, and every response is asked for at full length with EOS masked."""
+    vllm_generation = pytest.importorskip("trl.generation.vllm_generation")
+    monkeypatch.setattr(vllm_generation, "is_vllm_available", lambda *_, **__: True)
+    monkeypatch.setattr(vllm_generation, "LLM", StandInLLM, raising=False)
+    if not hasattr(vllm_generation, "SamplingParams"):  # no vLLM here: keep the arguments
+        monkeypatch.setattr(vllm_generation, "SamplingParams", SimpleNamespace, raising=False)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, "")  # TRL sets them for vLLM: restored afterwards
+        monkeypatch.delenv(name)
+    spec = tiny_spec(bench, tmp_path)
+    bench.build_inputs(spec, rows=spec.prompts * 4)
+    commands = Commands(["reset", "step", "step"])
+    memory = bench.PeakMemory("cpu", 0)
+    bench.run_trl(spec, "trl-vllm", 2, commands, memory)
+    memory.stop()
+
+    engine = StandInLLM.made
+    assert engine.kwargs["distributed_executor_backend"] == "external_launcher"
+    assert engine.kwargs["enable_sleep_mode"] and engine.kwargs["gpu_memory_utilization"] == 0.3
+    assert engine.kwargs["max_num_seqs"] == spec.prompts * spec.samples
+    assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1"
+    eos = bench.build_tokenizer(spec, eos=True).eos_token_id
+    assert len(engine.sampling) == 2
+    for params in engine.sampling:
+        assert params.max_tokens == params.min_tokens == spec.response_len
+        assert list(params.stop_token_ids) == [eos] and params.n == 1
+    events = [e for e in engine.events if e[0] != "load"]
+    step = [("wake", "weights"), ("reset",), ("wake", "kv_cache"), ("sleep", 2)]
+    assert events == [("sleep", 2), *step, *step]
+    loaded = [event[1] for event in engine.events if event[0] == "load"]
+    assert len(loaded) == 2 * len(set(loaded))  # every weight, once a step
+    assert not [n for n in loaded if "lora_" in n or "base_layer" in n or "lm_head" in n]
+    assert commands.sent[0][0] == "ready"
+    for sent in commands.sent[1:]:
+        assert list(sent["phases"]) == ["sync_weights"] and sent["phases"]["sync_weights"] > 0
+        assert sent["response_tokens"] == spec.prompts * spec.samples * spec.response_len
+
+
+def test_each_system_gets_its_own_steps_and_path(bench, tmp_path):
+    pytest.importorskip("trl")
+    argv = ["--device", "cpu", "--tiny", "--steps", "4", "--trl-steps", "2"]
+    options, _ = bench.parse([*argv, "--trl-path", f"{tmp_path}{os.pathsep}{tmp_path}"])
+    assert options.steps == {"ours": 4, "trl": 2}
+    assert options.paths == {"ours": [], "trl": [str(tmp_path), str(tmp_path)]}
+
+
+def test_a_system_path_is_searched_for_its_packages(bench, tmp_path):
+    spec = full_spec(bench)
+    assert any(
+        m.startswith("vllm for trl-vllm") for m in bench.missing_packages(spec, {"trl-vllm": []})
+    )
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    missing = bench.missing_packages(spec, {"trl-vllm": [str(tmp_path)], "ours": []})
+    assert not any(m.startswith("vllm") for m in missing)
+
+
+def test_use_path_puts_the_folders_first(bench, monkeypatch):
+    monkeypatch.setattr(sys, "path", ["/b"])
+    monkeypatch.setenv("PYTHONPATH", "/c")
+    bench.use_path(["/a1", "/a2"])
+    assert sys.path == ["/a1", "/a2", "/b"]
+    assert os.environ["PYTHONPATH"] == os.pathsep.join(["/a1", "/a2", "/c"])
+
+
+@pytest.mark.timeout(180)
+def test_one_at_a_time_a_failing_system_is_reported_and_the_others_still_run(
+    bench, tmp_path, monkeypatch, capsys
+):
+    """`--one-at-a-time` (for shapes whose systems do not fit one device together): trl's
+    worker fails at its start, importing the broken `trl` its own `--trl-path` puts first; ours
+    then runs alone and is reported; no ratio without both."""
+    pytest.importorskip("trl")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    shadow = tmp_path / "extra" / "trl"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('the trl of the extra path')\n")
+    out = tmp_path / "results.json"
+    argv = ["--device", "cpu", "--tiny", "--systems", "trl,ours", "--one-at-a-time"]
+    argv += ["--steps", "1", "--warmup", "0", "--trl-path", str(tmp_path / "extra")]
+    bench.main([*argv, "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "trl: failed at start: ImportError: the trl of the extra path" in printed
+    assert "trl      failed at start: ImportError: the trl of the extra path" in printed
+    assert "systems: one at a time, each alone on the device" in printed
+    assert "ratio" not in printed
+    document = json.loads(out.read_text())
+    assert document["one_at_a_time"] and document["ratios"] == {}
+    assert document["results"]["trl"] == {
+        "failed": "ImportError: the trl of the extra path",
+        "stage": "start",
+        "out_of_memory": False,
+    }
+    ours = document["results"]["ours"]
+    assert len(ours["times"]) == 1 and ours["times"][0]["response_tokens"] == 64 * 32
+    assert ours["peak"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "sleep"),
+    [([], True), (["--one-at-a-time"], False), (["--one-at-a-time", "--vllm-sleep"], True),
+     (["--no-vllm-sleep"], False)],
+)  # fmt: skip
+def test_vllm_sleeps_where_the_systems_share_the_device(bench, argv, sleep):
+    pytest.importorskip("trl")
+    _, spec = bench.parse(["--device", "cpu", "--tiny", *argv])
+    assert spec.vllm_sleep is sleep
+    assert bench.trl_config(spec, steps=1, kind="trl-vllm").vllm_enable_sleep_mode is sleep
+
+
+def test_peak_memory_splits_the_process_tree_at_its_peak(bench):
+    memory = bench.PeakMemory("cpu", 0)
+    memory.watch()
+    child = subprocess.Popen([sys.executable, "-c", "x = bytearray(200 * 2**20); input()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while memory.peak - memory.peak_own < 200 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        child.communicate(b"\n")
+    peak = memory.stop()
+    assert 0 < memory.peak_own < peak
+    assert peak - memory.peak_own >= 200 * 2**20  # the child's bytearray
+
+
+def test_peak_memory_samples_only_while_a_step_is_watched(bench):
+    memory = bench.PeakMemory("cpu", 0)
+    try:
+        time.sleep(0.2)
+        assert memory.peak == 0  # no step yet: nothing sampled
+        memory.watch()
+        memory.pause()  # a step shorter than the interval still gets its sample
+        assert memory.peak > 0
+        between_steps = memory.peak
+        grown = bytearray(300 * 2**20)  # between steps: not what a step used
+        time.sleep(0.2)
+        assert memory.peak == between_steps
+        memory.watch()
+        deadline = time.monotonic() + 30
+        while memory.peak < between_steps + 250 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert memory.peak >= between_steps + 250 * 2**20, len(grown)
+    finally:
+        memory.stop()
+
+
+def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsys):
+    def result(seconds, versions):
+        step = bench.StepTime(
+            step_s=seconds, rollout_s=seconds / 2, response_tokens=64, total_tokens=128
+        )
+        return {
+            "times": [bench.asdict(step)], "summary": bench.summary([step]),
+            "peak": 2**30, "peak_own": 2**28, "allocated": 0, "per_process": True,
+            "versions": versions,
+        }  # fmt: skip
+
+    results = {
+        "ours": result(2.0, {"sglang": "0.5.17"}),
+        "trl": result(8.0, {"trl": "1.16.0"}),
+        "trl-vllm": result(3.0, {"trl": "1.16.0", "vllm": "0.26.0"}),
+    }
+    assert bench.ratios(results) == {"trl": 4.0, "trl-vllm": 1.5}
+    bench.report(tiny_spec(bench, tmp_path), results, 4.8)
+    out = capsys.readouterr().out
+    assert "ratio (trl median / ours median): 4.00x" in out
+    assert "ratio (trl-vllm median / ours median): 1.50x" in out
+    assert "trl-vllm: trl 1.16.0, vllm 0.26.0" in out
+    assert "trl-vllm: vLLM's sleep mode on" in out
+    assert "systems: side by side, timed steps in turn" in out
+    assert "its child processes (GiB): ours 0.25 / 0.75, trl 0.25 / 0.75" in out
+    rows = [line.split()[0] for line in out.splitlines() if line.endswith("n/a")]
+    assert rows == ["ours", "trl", "trl-vllm"]
+
+
+@pytest.mark.parametrize(
+    ("memory", "swaps", "backup"),
+    [("release", True, True), ("release-kv", True, False), ("keep", False, False)],
+)
+def test_ours_memory_sets_a_consistent_colocation(bench, memory, swaps, backup):
+    from trainer.arguments import parse_args
+
+    args = parse_args(bench.ours_argv(full_spec(bench, work="/w", ours_memory=memory), steps=1))
+    assert args.placement.colocate
+    assert args.placement.swaps_memory is swaps
+    assert args.lora.lora_base_cpu_backup is backup
+
+
+def test_ours_sglang_keeps_a_kv_cache_for_one_step_not_its_static_share(bench):
+    """8 x 8 samples of 256 + 512 tokens, a quarter to spare: 61,440 tokens (6.6 GiB of K and V
+    at the 0.6B shape, where 15% of an H200 is 21 GiB); `--ours-flags` may set another."""
+    from trainer.arguments import parse_args
+
+    args = parse_args(bench.ours_argv(full_spec(bench, work="/w", ours_memory="keep"), steps=1))
+    assert args.sglang.sglang_extra["max-total-tokens"] == "61440"
+    assert args.sglang.sglang_mem_fraction_static == 0.15
+    other = full_spec(bench, work="/w", ours_flags=["--sglang-max-total-tokens=1000"])
+    assert parse_args(bench.ours_argv(other, steps=1)).sglang.sglang_extra == {
+        **args.sglang.sglang_extra,
+        "max-total-tokens": "1000",
+    }
+
+
+def test_ours_memory_auto_leaves_the_choice_to_train_py(bench):
+    from trainer.arguments import parse_args
+
+    args = parse_args(bench.ours_argv(full_spec(bench, work="/w", ours_memory="auto"), steps=1))
+    assert args.placement.colocate and args.placement.colocate_memory == "auto"
+    assert args.lora.lora_base_cpu_backup  # for when it releases
+
+
+# ---------------------------------------------------------------------------- the seed's workload
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--systems", "verl"], "--systems verl: verl runs its own loop unpaced, so it needs"),
+        (
+            ["--device", "cpu", "--response-len", "8192"],
+            "--prompt-len 256 + --response-len 8192 tokens: over the 4096 positions of the "
+            "qwen3-0.6b shape",
+        ),
+    ],
+)
+def test_bad_workloads_exit_2_with_one_line(bench, capsys, argv, message):
+    """verl's check comes before any CUDA check (this machine has no GPU)."""
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("response_len", [4096, 8192])
+def test_the_seeds_long_responses_reach_every_system(bench, response_len):
+    """`--shape qwen3-4b --response-len N --gradient-checkpointing`: ours' argv (through
+    train.py's parser) and TRL's config ask for N-token responses with activation recomputation,
+    ours' KV cache holds the step's samples whole, and verl's config the same."""
+    pytest.importorskip("trl")
+    from trainer.arguments import parse_args
+
+    argv = ["--device", "cpu", "--shape", "qwen3-4b", "--response-len", str(response_len)]
+    _, spec = bench.parse([*argv, "--gradient-checkpointing", "--micro-batch", "2"])
+    assert (spec.prompt_len, spec.response_len, spec.micro_batch) == (256, response_len, 2)
+    spec.work, spec.device, spec.rollout_backend = "/w", "cuda", "sglang"
+    args = parse_args(bench.ours_argv(spec, steps=3))
+    assert args.rollout.rollout_max_response_len == response_len
+    assert args.torch.gradient_checkpointing
+    tokens = str(math.ceil(1.25 * 64 * (256 + response_len)))
+    assert args.sglang.sglang_extra["max-total-tokens"] == tokens
+    spec.device = "cpu"
+    for kind in ("trl", "unsloth"):
+        config = bench.trl_config(spec, steps=3, kind=kind)
+        assert config.max_completion_length == response_len
+        assert config.gradient_checkpointing is (kind == "trl")  # Unsloth's own instead
+        assert config.per_device_train_batch_size * config.gradient_accumulation_steps == 64
+    assert bench.unsloth_lora_kwargs(spec)["use_gradient_checkpointing"] == "unsloth"
+    assert bench.unsloth_model_kwargs(spec)["max_seq_length"] == 256 + response_len
+    changes = verl_system().config_changes(spec, steps=3)
+    assert changes["data.max_response_length"] == response_len
+    assert changes["actor_rollout_ref.model.enable_gradient_checkpointing"]
+    assert changes["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 2
+
+
+def test_the_long_response_bound_and_an_out_of_memory_system_are_reported(bench, tmp_path, capsys):
+    """At Qwen3-4B's shape with 8,192-token responses the decode bound counts a KV cache of
+    36 layers x 8 KV heads x 128 x K and V x 2 bytes per token, a mean context of 256 + 4,096
+    tokens; a system that ran out of memory reads as not fitting, the others as measured."""
+    spec = full_spec(bench, work=str(tmp_path), device="cpu", shape="qwen3-4b", response_len=8192)
+    base, lora = bench.count_params(spec)
+    per_step = (2 * (base + lora) + 64 * (256 + 4096) * 147_456) / 4.8e12
+    assert bench.decode_bound(spec, 4.8, base, lora) == pytest.approx(64 / per_step)
+    step = bench.StepTime(step_s=90.0, rollout_s=60.0, response_tokens=64 * 8192, total_tokens=0)
+    measured = {
+        "times": [bench.asdict(step)], "summary": bench.summary([step]), "peak": 2**30,
+        "peak_own": 2**30, "allocated": 0, "per_process": True, "versions": {},
+    }  # fmt: skip
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.27 GiB"
+    failed = {"failed": oom, "stage": "warm-up", "out_of_memory": bench.out_of_memory(oom)}
+    bench.report(spec, {"ours": measured, "unsloth": failed}, 4.8, alone=True)
+    out = capsys.readouterr().out
+    assert f"unsloth  does not fit (out of memory) at warm-up: {oom}" in out
+    assert f"roofline ours: rollout 8738 tok/s vs HBM bound {64 / per_step:.0f} tok/s" in out
+    assert "8192 response tokens" in out and "gradient checkpointing off" in out
+
+
+@pytest.mark.parametrize(
+    ("details", "expected"),
+    [
+        ("Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate", True),
+        ("ValueError: No available memory for the cache blocks. Try increasing", True),
+        ("ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.update_actor()", True),
+        ("ImportError: the trl of the extra path", False),
+    ],
+)
+def test_out_of_memory_is_told_from_other_failures(bench, details, expected):
+    assert bench.out_of_memory(details) is expected
+
+
+# ---------------------------------------------------------------------------- Unsloth
+
+
+def test_unsloth_loads_the_workload_unquantized_with_vllm_in_process(bench, tmp_path):
+    spec = tiny_spec(bench, tmp_path)
+    model = bench.unsloth_model_kwargs(spec)
+    assert model["model_name"] == spec.model_dir and model["dtype"] == torch.bfloat16
+    assert model["fast_inference"] and not model["load_in_4bit"]
+    assert model["max_lora_rank"] == 64 and model["gpu_memory_utilization"] == 0.5
+    assert (
+        bench.unsloth_model_kwargs(tiny_spec(bench, tmp_path, vllm_memory=0.7))[
+            "gpu_memory_utilization"
+        ]
+        == 0.7
+    )
+    lora = bench.unsloth_lora_kwargs(spec)
+    assert (lora["r"], lora["lora_alpha"], lora["lora_dropout"]) == (64, 32, 0.0)
+    assert lora["target_modules"] == bench.TARGETS and lora["use_gradient_checkpointing"] is False
+
+
+def test_unsloth_generates_with_its_own_vllm_and_trls_workload(bench, tmp_path):
+    """Unsloth's GRPOConfig is TRL's (as Unsloth patches it): the trl-vllm generation, without
+    TRL's sleep mode even side by side (Unsloth's engine shares the training weights)."""
+    pytest.importorskip("trl")
+    spec = tiny_spec(bench, tmp_path)
+    config = bench.trl_config(spec, steps=3, kind="unsloth")
+    eos = bench.build_tokenizer(spec, eos=True).eos_token_id
+    assert (config.use_vllm, config.vllm_mode, config.vllm_enable_sleep_mode) == (
+        True,
+        "colocate",
+        False,
+    )
+    assert config.generation_kwargs == {"min_tokens": 32, "stop_token_ids": [eos]}
+    baseline = bench.trl_config(spec, steps=3, kind="trl")
+    same = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps")
+    same += ("steps_per_generation", "num_generations", "max_completion_length", "beta")
+    assert {k: getattr(config, k) for k in same} == {k: getattr(baseline, k) for k in same}
+    vllm = bench.trl_config(tiny_spec(bench, tmp_path, vllm_memory=0.6), steps=3, kind="trl-vllm")
+    assert vllm.vllm_gpu_memory_utilization == 0.6
+
+
+@pytest.mark.parametrize(
+    ("kind", "modules"),
+    [
+        ("unsloth", {"unsloth", "unsloth_zoo", "vllm", "trl", "datasets"}),
+        ("verl", {"verl", "ray", "hydra", "pandas", "vllm"}),
+    ],
+)
+def test_the_peers_packages_are_named_with_their_targets(bench, kind, modules, tmp_path):
+    spec = full_spec(bench)
+    assert modules <= set(bench.needed_modules(spec, kind))
+    for module in modules:
+        (tmp_path / module).mkdir()
+        (tmp_path / module / "__init__.py").write_text("")
+    assert not [
+        m for m in bench.missing_packages(spec, {kind: [str(tmp_path)]}) if m.split()[0] in modules
+    ]
+    named = {m.split()[0]: m for m in bench.missing_packages(spec, {kind: []})}
+    absent = {m for m in modules if importlib.util.find_spec(m) is None}  # here, without a path
+    assert absent and {m: f"for {kind} (" in named.get(m, "") for m in absent} == dict.fromkeys(
+        absent, True
+    )
+
+
+# ---------------------------------------------------------------------------- verl
+
+
+def verl_system():
+    import benchmarks.verl_system as module
+
+    return module
+
+
+def test_verl_runs_the_workload_as_grpo_with_lora_on_one_gpu(bench, tmp_path):
+    spec = full_spec(bench, work=str(tmp_path), response_len=4096)
+    changes = verl_system().config_changes(spec, steps=5)
+    model, actor = "actor_rollout_ref.model", "actor_rollout_ref.actor"
+    rollout = "actor_rollout_ref.rollout"
+    assert changes["algorithm.adv_estimator"] == "grpo"
+    assert (changes["data.train_batch_size"], changes[f"{rollout}.n"]) == (8, 8)
+    assert changes[f"{actor}.ppo_mini_batch_size"] == 8  # all 8 prompts: one update a step
+    assert (changes[f"{actor}.ppo_epochs"], changes["trainer.total_training_steps"]) == (1, 5)
+    assert (changes["data.max_prompt_length"], changes["data.max_response_length"]) == (256, 4096)
+    assert changes[f"{rollout}.ignore_eos"] and changes[f"{rollout}.name"] == "vllm"
+    assert (changes[f"{model}.lora_rank"], changes[f"{model}.lora_alpha"]) == (64, 32)
+    assert changes[f"{model}.target_modules"] == "all-linear"
+    assert changes[f"{actor}.optim.lr"] == 2e-5 and not changes[f"{actor}.use_kl_loss"]
+    assert changes[f"{actor}.loss_agg_mode"] == "token-mean"
+    assert changes[f"{rollout}.gpu_memory_utilization"] == 0.5
+    other = full_spec(bench, work=str(tmp_path), vllm_memory=0.3)
+    assert verl_system().config_changes(other, steps=5)[f"{rollout}.gpu_memory_utilization"] == 0.3
+    assert changes["trainer.n_gpus_per_node"] == 1
+    assert changes[f"{rollout}.tensor_model_parallel_size"] == 1
+    reward = "reward.custom_reward_function"
+    found = importlib.util.spec_from_file_location("verl_reward", changes[f"{reward}.path"])
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)  # as verl loads it: by path, in another process
+    name = changes[f"{reward}.name"]
+    texts = ["t7 t81", "t7 t812"]
+    assert [getattr(module, name)("grpo_vs_trl", t, "", extra_info={}) for t in texts] == [
+        bench.parity(t) for t in texts
+    ]
+
+
+def test_verl_reads_the_prompts_as_the_others_tokenize_them(bench, tmp_path):
+    """verl's data set holds each prompt as one chat message, and its chat template renders the
+    message's text alone: the same tokens as the other systems' plain prompts."""
+    pandas = pytest.importorskip("pandas")
+    spec = tiny_spec(bench, tmp_path)
+    path = tmp_path / "verl" / "prompts.parquet"
+    verl_system().write_prompts(path, ["red blue", "green"])
+    rows = pandas.read_parquet(path)
+    assert [list(m) for m in rows["prompt"]] == [
+        [{"role": "user", "content": "red blue"}],
+        [{"role": "user", "content": "green"}],
+    ]
+    assert list(rows["data_source"]) == ["grpo_vs_trl"] * 2
+    assert all(r["ground_truth"] == "" for r in rows["reward_model"])
+    tokenizer = bench.build_tokenizer(spec, eos=False)
+    tokenizer.chat_template = verl_system().CHAT_TEMPLATE
+    messages = [{"role": "user", "content": "red blue"}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    assert list(ids) == tokenizer("red blue")["input_ids"]
+
+
+def test_verls_config_has_every_key_the_benchmark_changes(bench, tmp_path):
+    """Against the installed verl's own `ppo_trainer` config (skipped without verl)."""
+    pytest.importorskip("hydra")
+    try:
+        verl_system().config_dir()
+    except ModuleNotFoundError:
+        pytest.skip("verl is not installed")
+    from omegaconf import OmegaConf
+
+    spec = full_spec(bench, work=str(tmp_path))
+    config = verl_system().compose(spec, steps=3)
+    assert OmegaConf.select(config, "actor_rollout_ref.rollout.response_length") == 512
+    assert OmegaConf.select(config, "actor_rollout_ref.actor.rollout_n") == 8
+    env = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars")
+    assert env == {"VERL_FILE_LOGGER_PATH": str(tmp_path / "verl" / "metrics.jsonl")}
+    OmegaConf.to_container(config, resolve=True)
+
+
+def test_verls_logged_steps_are_read_as_they_land(bench, tmp_path):
+    """verl's file logger writes a JSON line per step; the worker reads each as it lands (a
+    line written in two parts too), maps it to a step, and says when verl finished first."""
+    import threading
+
+    path = tmp_path / "metrics.jsonl"
+    data = {
+        "response_length/mean": 512.0, "timing_s/gen": 2.5, "timing_s/update_actor": 1.5,
+        "timing_s/step": 4.5, "perf/max_memory_allocated_gb": 30.0, "actor/pg_loss": 0.1,
+    }  # fmt: skip
+    line = json.dumps({"step": 1, "data": data}) + "\n"
+    finished = threading.Event()
+
+    def verl() -> None:
+        time.sleep(0.1)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line[:20])
+            f.flush()
+            time.sleep(0.1)
+            f.write(line[20:] + json.dumps({"step": 2, "data": {**data, "timing_s/gen": 3.0}}))
+            f.write("\n")
+        finished.set()
+
+    running = threading.Thread(target=verl)
+    running.start()
+    log = verl_system().StepLog(path)
+    first, _ = log.next(finished)
+    second, _ = log.next(finished)
+    running.join()
+    assert (first["step"], second["step"]) == (1, 2)
+    assert log.next(finished) is None
+    step = verl_system().step_time(first, 5.0, rows=64, prompt_len=256)
+    assert step == {
+        "step_s": 5.0, "rollout_s": 2.5, "response_tokens": 64 * 512,
+        "total_tokens": 64 * (512 + 256), "phases": {"gen": 2.5, "update_actor": 1.5},
+    }  # fmt: skip
+    assert bench.StepTime(**step).rollout_s == 2.5
+    assert verl_system().allocated([first, second]) == 30 * 2**30
+
+
+def stand_in_verl(monkeypatch, run_ppo):
+    """verl's modules as far as the verl worker calls them, with `run_ppo` standing in for its
+    training (which needs a GPU and vLLM)."""
+    from types import ModuleType
+
+    calls = []
+    names = {
+        "verl": {},
+        "verl.trainer": {},
+        "verl.trainer.main_ppo": {"TaskRunnerV1": "TaskRunnerV1", "run_ppo": run_ppo},
+        "verl.trainer.ppo": {},
+        "verl.trainer.ppo.utils": {
+            "need_critic": lambda config: False,
+            "need_reference_policy": lambda config: False,
+        },
+        "verl.utils": {},
+        "verl.utils.config": {"validate_config": lambda *args: calls.append(("validate", args))},
+        "verl.utils.device": {"auto_set_device": lambda config: calls.append(("device",))},
+    }
+    for name, attributes in names.items():
+        module = ModuleType(name)
+        module.__dict__.update(attributes)
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(verl_system(), "compose", lambda spec, steps: {"steps": steps})
+    return calls
+
+
+def verl_logger(spec, steps, allocated_gb):
+    """What verl's file logger writes over `steps` steps: one JSON line each."""
+
+    def run_ppo(config, task_runner_class):
+        assert config == {"steps": steps} and task_runner_class == "TaskRunnerV1"
+        with open(verl_system().paths(spec.work)["log"], "a", encoding="utf-8") as f:
+            for step in range(1, steps + 1):
+                time.sleep(0.05)
+                data = {
+                    "response_length/mean": float(spec.response_len), "timing_s/gen": 0.03,
+                    "timing_s/step": 0.05, "perf/max_memory_allocated_gb": allocated_gb[step - 1],
+                }  # fmt: skip
+                f.write(json.dumps({"step": step, "data": data}) + "\n")
+                f.flush()
+
+    return run_ppo
+
+
+@pytest.mark.timeout(120)
+def test_the_verl_worker_answers_each_step_with_the_step_verl_logged(bench, tmp_path, monkeypatch):
+    """verl trains unpaced in a thread; the worker answers the parent's commands with its logged
+    steps in order, and its peak allocation counts the timed steps only (after "reset")."""
+    pytest.importorskip("pandas")
+    spec = tiny_spec(bench, tmp_path)
+    calls = stand_in_verl(monkeypatch, verl_logger(spec, 3, [50.0, 20.0, 30.0]))
+    commands = Commands(["step", "reset", "step", "step"])
+    memory = bench.PeakMemory("cpu", 0)
+    allocated = verl_system().run(spec, 3, commands, memory, {"verl": "0.9.1"}, ["a b", "c"])
+    memory.stop()
+    assert commands.sent[0] == ("ready", {"verl": "0.9.1"})
+    steps = commands.sent[1:]
+    assert [s["response_tokens"] for s in steps] == [64 * 32] * 3
+    assert all(s["step_s"] >= 0.04 and s["phases"] == {"gen": 0.03} for s in steps)
+    assert allocated == 30 * 2**30  # the warm-up step's 50 GiB is not a timed step's
+    assert [c[0] for c in calls] == ["device", "validate"]
+    assert memory.peak > 0  # sampled while verl ran
+
+
+@pytest.mark.timeout(120)
+def test_a_verl_failure_reaches_the_parent_as_the_workers_error(bench, tmp_path, monkeypatch):
+    pytest.importorskip("pandas")
+    spec = tiny_spec(bench, tmp_path)
+
+    def run_ppo(config, task_runner_class):
+        raise MemoryError("CUDA out of memory in the actor")
+
+    stand_in_verl(monkeypatch, run_ppo)
+    memory = bench.PeakMemory("cpu", 0)
+    with pytest.raises(MemoryError, match="CUDA out of memory in the actor"):
+        verl_system().run(spec, 2, Commands(["step", "step"]), memory, {}, ["a"])
+    memory.stop()
+
+
+@pytest.mark.timeout(120)
+def test_a_verl_run_that_ends_early_is_a_failure(bench, tmp_path, monkeypatch):
+    pytest.importorskip("pandas")
+    spec = tiny_spec(bench, tmp_path)
+    logged_one = verl_logger(spec, 1, [10.0])  # verl asked for 2 steps, ending after 1
+
+    def run_ppo(config, task_runner_class):
+        logged_one({"steps": 1}, task_runner_class)
+
+    stand_in_verl(monkeypatch, run_ppo)
+    memory = bench.PeakMemory("cpu", 0)
+    commands = Commands(["step", "step"])
+    with pytest.raises(RuntimeError, match="verl logged 1 of its 2 steps"):
+        verl_system().run(spec, 2, commands, memory, {}, ["a"])
+    memory.stop()
+    assert len(commands.sent) == 2  # ready, then the one step verl logged

@@ -1,0 +1,227 @@
+"""``--colocate-memory auto``: the estimate (pure arithmetic), the model's shape from its files,
+and the decision the job takes at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainer import tiny
+from trainer.arguments import parse_args
+from trainer.backends import registry
+from trainer.job import colocate_memory, memory_estimate, model_shape
+from trainer.job.memory_estimate import GIB, ModelShape
+
+# Qwen3-0.6B: 0.6 B parameters (tied embeddings), hidden 1024, 28 layers, 8 KV heads of 128.
+QWEN3_0_6B = ModelShape(
+    parameters=596_049_920,
+    lora_parameters=10_092_544,
+    hidden_size=1024,
+    num_layers=28,
+    vocab_size=151_936,
+    kv_bytes_per_token_16bit=2 * 28 * 8 * 128 * 2,
+)
+H200 = 140 * GIB
+IDLE_H200 = memory_estimate.DeviceMemory(free=H200 - GIB // 2, total=H200)  # a CUDA context
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tiny")
+    tiny.build(root / "model", root / "data", seed=0)
+    return root / "model"
+
+
+def argv(model: Path, *extra: str) -> list[str]:
+    return [
+        "--hf-checkpoint", str(model), "--prompt-data", "p.jsonl", "--lora-rank", "4",
+        "--rollout-max-response-len", "256", "--micro-batch-size", "2", *extra,
+    ]  # fmt: skip
+
+
+def test_trainer_memory_adds_weights_lora_states_activations_and_logits():
+    shape = ModelShape(
+        1000, 10, hidden_size=8, num_layers=3, vocab_size=50, kv_bytes_per_token_16bit=0
+    )
+    memory = memory_estimate.trainer_memory(
+        shape, dtype_bytes=2, tokens=4, gradient_checkpointing=False
+    )
+    assert memory == memory_estimate.TrainerMemory(
+        weights=2000, lora_states=160, activations=34 * 4 * 8 * 3, logits=2 * 4 * 50 * 4
+    )
+    assert memory.total == 2000 + 160 + 3264 + 1600
+    fp32 = memory_estimate.trainer_memory(
+        shape, dtype_bytes=4, tokens=4, gradient_checkpointing=False
+    )
+    assert (fp32.weights, fp32.activations) == (4000, 2 * 3264)
+    recomputed = memory_estimate.trainer_memory(
+        shape, dtype_bytes=2, tokens=4, gradient_checkpointing=True
+    )
+    assert recomputed.activations == 34 * 4 * 8 + 3 * 4 * 8 * 2
+
+
+def never_measured() -> memory_estimate.DeviceMemory:
+    raise AssertionError("nothing to measure here")
+
+
+def test_the_benchmark_shape_keeps_both_resident_on_an_h200():
+    """0.6B, 512-token samples in micro-batches of 8, SGLang reserving 15%: about 31 GiB of
+    140, so no swaps."""
+    trainer = memory_estimate.trainer_memory(
+        QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512, gradient_checkpointing=False
+    )
+    engine = memory_estimate.static_engine_memory(0.15, H200)
+    plan = memory_estimate.plan(trainer, engine=engine, engine_source="15%", device=IDLE_H200)
+    assert plan.keep and plan.mode == "keep"
+    assert 30 * GIB < plan.needed < 32 * GIB
+    assert plan.line().startswith("--colocate-memory auto: keep (trainer ")
+    assert "GiB usable: 139.50 GiB free of 140.00 GiB less 10% of it)" in plan.line()
+
+
+def test_what_others_hold_on_the_gpu_is_not_planned_with():
+    """The same job on an H200 where another process holds 100 GiB: about 26 GiB usable."""
+    trainer = memory_estimate.trainer_memory(
+        QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512, gradient_checkpointing=False
+    )
+    engine = memory_estimate.static_engine_memory(0.15, H200)
+    shared = memory_estimate.DeviceMemory(free=H200 - 100 * GIB, total=H200)
+    plan = memory_estimate.plan(trainer, engine=engine, engine_source="15%", device=shared)
+    assert plan.mode == "release" and plan.available == 26 * GIB
+    busy = memory_estimate.DeviceMemory(free=GIB, total=H200)
+    assert memory_estimate.plan(trainer, engine=0, engine_source="", device=busy).available == 0
+
+
+def test_a_device_too_small_for_both_releases():
+    trainer = memory_estimate.trainer_memory(
+        QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512, gradient_checkpointing=False
+    )
+    engine = memory_estimate.static_engine_memory(0.85, 24 * GIB)
+    small = memory_estimate.DeviceMemory(free=24 * GIB, total=24 * GIB)
+    plan = memory_estimate.plan(trainer, engine=engine, engine_source="85%", device=small)
+    assert not plan.keep and plan.mode == "release"
+    assert plan.needed > plan.available
+
+
+def test_a_resident_engine_holds_its_weights_and_its_samples_kv_cache():
+    bf16 = memory_estimate.engine_memory(QWEN3_0_6B, dtype_bytes=2, kv_tokens=64 * 512)
+    assert bf16 == 596_049_920 * 2 + 114_688 * 64 * 512
+
+
+def test_the_model_shape_is_read_from_the_checkpoint_files(model):
+    """Parameters and LoRA parameters as torch and PEFT count them, from the files alone."""
+    from trainer.backends.torch.trainer import create
+
+    config = parse_args(argv(model, "--device", "cpu"))
+    shape = model_shape.read(model, lora_rank=4, lora_targets=registry.adapter_targets(config).hf)
+    trainer = create(config, "cpu", total_steps=1)
+    base = trainer.model.get_base_model()
+    frozen = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
+    assert shape.parameters == frozen
+    assert shape.lora_parameters == sum(p.numel() for p in trainer.params)
+    adapted = [m.base_layer.weight for n, m in base.named_modules() if hasattr(m, "base_layer")]
+    assert shape.adapted_parameters == sum(w.numel() for w in adapted) > 0
+    assert (shape.hidden_size, shape.num_layers) == (64, 2)
+    assert shape.kv_bytes_per_token_16bit == 2 * 2 * 2 * 16 * 2
+
+
+def test_a_checkpoint_without_safetensors_cannot_be_sized(model, tmp_path):
+    (tmp_path / "config.json").write_text((model / "config.json").read_text())
+    config = parse_args(argv(tmp_path, "--colocate", "--colocate-memory", "auto"))
+    with pytest.raises(colocate_memory.UsageError, match=r"no \*\.safetensors files"):
+        colocate_memory.model_shape_for(config)
+
+
+def test_auto_is_decided_at_start_from_the_gpus_memory(model, capsys):
+    config = parse_args(argv(model, "--colocate", "--colocate-memory", "auto", "--device", "cuda"))
+    with pytest.raises(ValueError, match="undecided"):
+        _ = config.placement.swaps_memory
+    shape = colocate_memory.model_shape_for(config)
+    big = colocate_memory.resolve(config, shape, device="cuda", device_memory=lambda: IDLE_H200)
+    assert big.placement.colocate_memory == "keep" and not big.placement.swaps_memory
+    assert "--colocate-memory auto: keep (trainer" in capsys.readouterr().out
+    tiny = memory_estimate.DeviceMemory(free=2**20, total=2**20)
+    tiny_gpu = colocate_memory.resolve(config, shape, device="cuda", device_memory=lambda: tiny)
+    assert tiny_gpu.placement.colocate_memory == "release" and tiny_gpu.placement.swaps_memory
+    assert "--colocate-memory auto: release (trainer" in capsys.readouterr().out
+
+
+def test_auto_on_the_cpu_keeps_without_measuring(model, capsys):
+    config = parse_args(argv(model, "--colocate", "--colocate-memory", "auto", "--device", "cpu"))
+
+    kept = colocate_memory.resolve(config, None, device="cpu", device_memory=never_measured)
+    assert kept.placement.colocate_memory == "keep"
+    assert capsys.readouterr().out == (
+        "train.py: --colocate-memory auto: keep (on the CPU nothing is swapped)\n"
+    )
+
+
+def test_release_and_keep_are_left_as_given(model):
+    for mode in ("release", "keep"):
+        config = parse_args(argv(model, "--colocate", "--colocate-memory", mode))
+        assert colocate_memory.model_shape_for(config) is None
+        resolved = colocate_memory.resolve(
+            config, None, device="cuda", device_memory=never_measured
+        )
+        assert resolved is config
+
+
+SGLANG_AUTO = (
+    "--colocate", "--colocate-memory", "auto", "--rollout-backend", "sglang",
+    "--sglang-mem-fraction-static", "0.5",
+)  # fmt: skip
+
+
+def sglang_plan(model: Path, *extra: str) -> tuple[memory_estimate.MemoryPlan, ModelShape]:
+    """The estimate for SGLang at 0.5 of an 8 GiB GPU, with `extra` flags."""
+    config = parse_args(argv(model, *SGLANG_AUTO, *extra))
+    shape = colocate_memory.model_shape_for(config)
+    device = memory_estimate.DeviceMemory(free=8 * GIB, total=8 * GIB)
+    return colocate_memory.estimate(config, shape, device=device), shape
+
+
+def test_sglang_engines_weigh_their_static_fraction_and_name_a_cap_that_fits_the_rollout(model):
+    """The rollout's own need: one engine's samples (4 prompts x 2 samples), each of the
+    response length twice (a prompt as long, where its length is not given)."""
+    batches = ("--rollout-batch-size", "4", "--n-samples-per-prompt", "2")
+    plan, shape = sglang_plan(model, *batches, "--global-batch-size", "8")
+    assert plan.engine == 4 * GIB
+    needed = 4 * 2 * (256 + 256)
+    rollout = memory_estimate.engine_memory(shape, dtype_bytes=2, kv_tokens=needed, adapter_slots=2)
+    assert (
+        f"(--sglang-mem-fraction-static 0.5 of the GPU, where its rollout needs "
+        f"{memory_estimate.gib(rollout)} GiB: --sglang-max-total-tokens {needed} would cap its "
+        "KV cache there)"
+    ) in plan.line()
+
+
+def test_a_kv_cache_capped_in_tokens_shrinks_the_engine_to_weights_adapters_and_that_cache(
+    model,
+):
+    """``--sglang-max-total-tokens`` caps SGLang's KV cache below what its fraction reserves:
+    the engine is its weights, two adapter slots and that many tokens' K and V in bf16."""
+    plan, shape = sglang_plan(model, "--sglang-max-total-tokens", "1000")
+    kv = shape.kv_bytes_per_token_16bit * 1000
+    assert plan.engine == shape.parameters * 2 + 2 * shape.lora_parameters * 2 + kv < 4 * GIB
+    assert (
+        "(weights, 2 adapter slots and a KV cache of --sglang-max-total-tokens 1000, "
+        "within --sglang-mem-fraction-static 0.5 of the GPU"
+    ) in plan.line()
+    merged, _ = sglang_plan(model, "--sglang-max-total-tokens", "1000", "--lora-serving", "merged")
+    served_copies = memory_estimate.merged_serving_memory(shape, dtype_bytes=2)
+    assert merged.engine == shape.parameters * 2 + kv + served_copies
+
+
+def test_a_kv_cache_cap_above_the_static_fraction_leaves_the_fraction(model):
+    plan, _ = sglang_plan(model, "--sglang-max-total-tokens", "100000000")
+    assert plan.engine == 4 * GIB
+    assert "(--sglang-mem-fraction-static 0.5 of the GPU)" in plan.line()
+
+
+def test_merged_serving_adds_the_adapted_weights_twice_to_the_engine_and_none_to_the_trainer(
+    model,
+):
+    plan, shape = sglang_plan(model, "--lora-serving", "merged")
+    assert plan.engine == 4 * GIB + 2 * shape.adapted_parameters * 2
+    assert "(--lora-serving merged)" in plan.line()
+    assert plan.trainer == sglang_plan(model)[0].trainer

@@ -1,0 +1,388 @@
+"""Portable policy trainer: PEFT LoRA on a transformers causal LM, AdamW, micro-batches.
+
+The reference policy is the same model with its adapter disabled (no second copy). Log-
+probabilities are ``log_softmax(logits / temperature)``, the rollout engine's definition, taken
+for the tokens under ``loss_mask`` only (0 elsewhere): the output layer runs on those positions,
+a chunk of rows at a time (`trainer.grpo.logprobs`), so no ``[tokens, vocab]`` tensor is built.
+With several data-parallel ranks (torch.distributed initialised by the caller), gradients are
+averaged over ranks before clipping; every rank holds the same weights.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.backends.base import ForwardOutput, LoraAdapter, LossFn, StepResult, TrainBatch
+from trainer.backends.devices import torch_dtype
+from trainer.backends.flat_tensors import FlatTensors
+from trainer.backends.frozen_weights import FrozenWeights
+from trainer.backends.torch.targets import peft_lora_config
+from trainer.errors import first_line
+from trainer.run.checkpoint import ADAPTER_DIR, CheckpointError
+
+if TYPE_CHECKING:
+    from trainer.config import LoraConfig, OptimizerConfig, TrainConfig
+
+# ``trainer_state.json`` and ``trainer_state.safetensors`` (`trainer.run.tensor_state`)
+STATE_STEM = "trainer_state"
+# Config fields of causal LMs whose logits are more than ``last_hidden_state @ lm_head.weight.T``
+# (those take the full logits from the model's own forward).
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def lr_factor(optim: OptimizerConfig, total_iters: int, step: int) -> float:
+    """Multiplier of ``--lr`` at optimizer step `step` (0-based) of `total_iters`: warmup, then
+    ``--lr-decay-style`` down to ``--min-lr``."""
+    warmup = optim.lr_warmup_iters
+    if step < warmup:
+        return (step + 1) / warmup
+    if optim.lr_decay_style == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total_iters - warmup))
+    floor = optim.min_lr / optim.lr if optim.lr > 0 else 0.0
+    if optim.lr_decay_style == "linear":
+        return floor + (1.0 - floor) * (1.0 - progress)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _json_safe(config: dict[str, Any]) -> dict[str, Any]:
+    safe: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, set):
+            value = sorted(value)
+        elif hasattr(value, "value") and isinstance(value, str):
+            value = value.value
+        safe[key] = value
+    return safe
+
+
+def _sort_sets(config: Any) -> None:
+    """Sets in PEFT's LoRA config (``all-linear`` resolves to a set of module names) become
+    sorted lists: a set is saved in ``adapter_config.json`` in an order that changes with each
+    process's hash seed, so a resumed run's adapter would differ from the uninterrupted run's.
+    PEFT matches module names against a list as against a set."""
+    for field in fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, set):
+            setattr(config, field.name, sorted(value))
+
+
+def _enable_activation_checkpointing(model: Any) -> None:
+    """Non-reentrant checkpointing of every decoder layer (transformers 5 renamed the call)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _scatter(mask: Any, values: Any) -> Any:
+    """`values` (one per True of `mask`) into a zero tensor of `mask`'s shape."""
+    import torch
+
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(
+        mask, values
+    )
+
+
+class PeftPolicyTrainer:
+    def __init__(
+        self,
+        model_path: str,
+        lora: LoraConfig,
+        optim: OptimizerConfig,
+        *,
+        total_steps: int,
+        device: str = "cpu",
+        dtype: str = "fp32",
+        temperature: float = 1.0,
+        entropy_grad: bool = False,
+        gradient_checkpointing: bool = False,
+        logprob_chunk_rows: int = -1,
+        base_cpu_backup: bool = False,
+        merged: bool = False,
+        seed: int = 0,
+    ) -> None:
+        """`total_steps`: optimizer steps of the run (the LR schedule's length).
+        `base_cpu_backup`: colocated, free the base weights' GPU memory during rollouts
+        (``--lora-base-cpu-backup``, `trainer.backends.frozen_weights`).
+        `gradient_checkpointing`: recompute each decoder layer's activations in backward
+        (less memory for long sequences, about a third more compute). `logprob_chunk_rows`:
+        response tokens per chunk of the log-prob computation (``--log-probs-chunk-size``;
+        -1: `trainer.grpo.logprobs.DEFAULT_CHUNK_ROWS`). `merged`: the engines serve the adapter
+        merged (``--lora-serving merged``), so the policy trained is the merged one
+        (`trainer.backends.torch.merged_policy`)."""
+        import torch
+        from peft import get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        from trainer.backends.torch.merged_policy import MergedPolicy
+        from trainer.grpo.logprobs import chunk_rows_for
+
+        self.device = torch.device(device)
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.entropy_grad = entropy_grad
+        self.logprob_chunk_rows = chunk_rows_for(logprob_chunk_rows)
+        self.optim_settings = optim
+        # bf16: the base in bf16 and the adapter in float32 (PEFT's master copy, which Adam
+        # updates), computed under autocast in bf16 as the rollout engine computes it; without
+        # autocast every LoRA layer would upcast its input and keep a float32 copy for backward
+        self.compute_dtype = torch_dtype(dtype)
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.compute_dtype)
+        torch.manual_seed(seed)
+        self.model = get_peft_model(base, peft_lora_config(lora)).to(self.device)
+        _sort_sets(self.model.peft_config["default"])
+        self.merged = MergedPolicy(self.model, self.compute_dtype) if merged else None
+        if gradient_checkpointing:
+            _enable_activation_checkpointing(base)
+        head = base.get_output_embeddings()
+        # a LoRA-wrapped or biased output layer goes through the model's own forward
+        self.plain_head = (
+            type(head) is torch.nn.Linear
+            and head.bias is None
+            and not any(
+                getattr(base.config, name, None) not in (None, 1.0) for name in LOGIT_TRANSFORMS
+            )
+        )
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=optim.lr,
+            betas=(optim.adam_beta1, optim.adam_beta2),
+            eps=optim.adam_eps,
+            weight_decay=optim.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, functools.partial(lr_factor, optim, total_steps)
+        )
+        self.steps = 0
+        self.frozen = FrozenWeights(
+            self.model.parameters(), self.device, cpu_backup=base_cpu_backup
+        )
+
+    def forward(
+        self, batch: TrainBatch, *, with_adapter: bool, with_entropy: bool = False
+    ) -> ForwardOutput:
+        import torch
+
+        self.model.eval()
+        with torch.no_grad():
+            if with_adapter:
+                out = self._forward(batch, with_entropy)
+            else:
+                without = self.merged.base_only() if self.merged else self.model.disable_adapter()
+                with without:
+                    out = self._forward(batch, with_entropy)
+        entropy = None if out.entropy is None else out.entropy.cpu()
+        return ForwardOutput(logprobs=out.logprobs.cpu(), entropy=entropy)
+
+    def _forward(self, batch: TrainBatch, with_entropy: bool) -> ForwardOutput:
+        import torch
+
+        from trainer.grpo.logprobs import token_logprobs
+
+        input_ids = batch.input_ids.to(self.device)
+        attention_mask = batch.attention_mask.to(self.device)
+        mask = batch.loss_mask.to(self.device) > 0
+        targets = input_ids[:, 1:][mask]
+        base = self.model.get_base_model()
+        mixed_precision = self.compute_dtype != torch.float32
+        with torch.autocast(self.device.type, self.compute_dtype, enabled=mixed_precision):
+            if self.plain_head:
+                hidden = base.get_decoder()(
+                    input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+                ).last_hidden_state
+                inputs, weight = hidden[:, :-1][mask], base.get_output_embeddings().weight
+            else:
+                logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+                inputs, weight = logits[:, :-1][mask], None
+        logprobs, entropy = token_logprobs(
+            inputs,
+            targets,
+            weight=weight,
+            temperature=self.temperature,
+            with_entropy=with_entropy,
+            chunk_rows=self.logprob_chunk_rows,
+            entropy_grad=self.entropy_grad and torch.is_grad_enabled(),
+        )
+        return ForwardOutput(
+            logprobs=_scatter(mask, logprobs),
+            entropy=None if entropy is None else _scatter(mask, entropy),
+        )
+
+    def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> StepResult:
+        import torch
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        for micro_batch in micro_batches:
+            on_device = self._to_device(micro_batch)
+            loss, metrics = loss_fn(self._forward(on_device, with_entropy=True), on_device)
+            loss.backward()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        self._average_gradients()
+        clip = self.optim_settings.clip_grad if self.optim_settings.clip_grad > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        lr = self.scheduler.get_last_lr()[0]
+        skipped = not math.isfinite(grad_norm)
+        if skipped:  # as Megatron: a NaN/inf gradient would corrupt the adapter and Adam state
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.steps += 1
+        metrics = {**totals, "lr": lr, "skipped_step": float(skipped)}
+        return StepResult(grad_norm=grad_norm, metrics=metrics)
+
+    def _to_device(self, batch: TrainBatch) -> TrainBatch:
+        moved = {
+            f.name: getattr(batch, f.name).to(self.device)
+            for f in fields(batch)
+            if hasattr(getattr(batch, f.name), "to")
+        }
+        extras = {key: value.to(self.device) for key, value in batch.extras.items()}
+        return replace(batch, **moved, extras=extras)
+
+    def _average_gradients(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        offset = 0
+        for param, grad in zip(self.params, grads, strict=True):
+            param.grad = flat[offset : offset + grad.numel()].view_as(grad)
+            offset += grad.numel()
+
+    def export_adapter(self) -> LoraAdapter:
+        """The adapter in the rollout engines' dtype: they run the same resolved ``--dtype`` as
+        this trainer's compute dtype (bf16 on GPUs: half the bytes of the float32 master copy
+        to copy and send; the engines would round to it on loading anyway), cast and packed
+        into one buffer on the device, which then reaches the host in one copy."""
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(self.model)
+        tensors = FlatTensors.pack(
+            {name: tensor.detach().to(self.compute_dtype) for name, tensor in state.items()},
+            device="cpu",
+        )
+        config = _json_safe(self.model.peft_config["default"].to_dict())
+        return LoraAdapter(tensors=tensors, config=config, version=self.steps)
+
+    def save(self, path: Path) -> None:
+        """PEFT adapter in ``path/adapter`` (loads with ``PeftModel.from_pretrained``); optimizer,
+        LR schedule, step count and torch RNG states in ``path/trainer_state.{json,safetensors}``
+        (data only: `trainer.run.tensor_state`)."""
+        import torch
+        import torch.distributed as dist
+
+        from trainer.run import tensor_state
+
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return  # every rank holds the same adapter and optimizer state
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(path / ADAPTER_DIR))
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "steps": self.steps,
+            "torch_rng": torch.get_rng_state(),
+        }
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        tensor_state.save(state, path / STATE_STEM)
+
+    def load(self, path: Path) -> None:
+        import torch
+        from peft import set_peft_model_state_dict
+        from peft.utils import load_peft_weights
+
+        from trainer.run import tensor_state
+
+        try:
+            state = tensor_state.load(path / STATE_STEM)
+        except (OSError, tensor_state.StateFormatError) as err:
+            raise CheckpointError(f"{path}: no trainer state to resume ({err})") from None
+        weights = load_peft_weights(str(path / ADAPTER_DIR), device=str(self.device))
+        set_peft_model_state_dict(self.model, weights)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = state["steps"]
+        torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+
+    def release_memory(self) -> None:
+        if self.device.type != "cpu":
+            self.frozen.release()
+
+    def resume_memory(self) -> None:
+        if self.device.type != "cpu":
+            self.frozen.restore()
+
+
+def resume_problem(config: TrainConfig, path: Path) -> str | None:
+    """Why this trainer cannot resume checkpoint `path` with `config`, or None: its trainer
+    state unreadable, or its adapter's tensors not the ones this run's model and LoRA flags
+    make (names and shapes; `targets.adapter_shapes`)."""
+    from safetensors import safe_open
+
+    from trainer.backends.torch.targets import adapter_shapes
+    from trainer.run import tensor_state
+
+    try:
+        tensor_state.check(path / STATE_STEM)
+    except (OSError, tensor_state.StateFormatError) as err:
+        return f"{path}: no trainer state to resume ({first_line(err)})"
+    adapter_file = path / ADAPTER_DIR / "adapter_model.safetensors"
+    with safe_open(str(adapter_file), framework="pt") as saved:
+        shapes = {name: tuple(saved.get_slice(name).get_shape()) for name in saved.keys()}  # noqa: SIM118
+    expected = adapter_shapes(config)
+    model = config.checkpoint.hf_checkpoint
+    for name, shape in expected.items():
+        if name not in shapes:
+            return (
+                f"{adapter_file}: no {name}, which this run's adapter of {model} has (trained "
+                "with other --target-modules or another model?); start without --load"
+            )
+        if shapes[name] != shape:
+            return (
+                f"{adapter_file}: {name} is {list(shapes[name])}, this run's adapter of {model} "
+                f"needs {list(shape)} (another model or --lora-rank); start without --load"
+            )
+    if extra := sorted(set(shapes) - set(expected)):
+        return (
+            f"{adapter_file}: {extra[0]} is no tensor of this run's adapter of {model} (trained "
+            "with other --target-modules or another model?); start without --load"
+        )
+    return None
+
+
+def create(config: TrainConfig, device: str, *, total_steps: int) -> PeftPolicyTrainer:
+    """The ``--train-backend torch`` factory (see `trainer.backends.registry`)."""
+    return PeftPolicyTrainer(
+        config.checkpoint.hf_checkpoint,
+        config.lora,
+        config.optimizer,
+        total_steps=total_steps,
+        device=device,
+        dtype=config.placement.resolve_dtype(device),
+        temperature=config.rollout.rollout_temperature,
+        entropy_grad=config.algorithm.entropy_coef != 0,
+        gradient_checkpointing=config.torch.gradient_checkpointing,
+        logprob_chunk_rows=config.torch.log_probs_chunk_size,
+        base_cpu_backup=config.lora.lora_base_cpu_backup,
+        merged=config.lora.merged,
+        seed=config.misc.seed,
+    )

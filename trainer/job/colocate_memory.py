@@ -1,0 +1,150 @@
+"""``--colocate-memory auto`` decided at job start: keep both resident or release, from the
+estimate of `trainer.job.memory_estimate` over the model, the batches and the device's memory.
+
+The model is sized before Ray starts (`model_shape_for`: a checkpoint without safetensors is a
+usage error); the decision comes once the job knows its device (`resolve`). It returns the
+config with ``release`` or ``keep`` in place of ``auto``: the engines, the trainers and the loop
+only ever see one of those.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from trainer.arguments import PROG
+from trainer.backends import registry
+from trainer.backends.sglang import args as sglang_args
+from trainer.config import TrainConfig
+from trainer.errors import UsageError
+from trainer.job import memory_estimate, model_shape
+from trainer.job.memory_estimate import DeviceMemory, MemoryPlan, ModelShape
+
+
+def undecided(config: TrainConfig) -> bool:
+    return config.placement.colocate and config.placement.colocate_memory == "auto"
+
+
+def model_shape_for(config: TrainConfig) -> ModelShape | None:
+    """The model's shape where ``auto`` has to weigh it, else None. Raises `UsageError`."""
+    if not undecided(config):
+        return None
+    try:
+        return model_shape.read(
+            Path(config.checkpoint.hf_checkpoint),
+            lora_rank=config.lora.lora_rank,
+            lora_targets=registry.adapter_targets(config).hf,
+        )
+    except model_shape.ModelShapeError as err:
+        raise UsageError(f"--colocate-memory auto: {err}; choose release or keep") from None
+
+
+def sequence_tokens(config: TrainConfig) -> int:
+    """The longest sample: prompt (``--rollout-max-prompt-len``, else taken as long as the
+    response) plus response."""
+    response = config.rollout.rollout_max_response_len
+    prompt = config.data.rollout_max_prompt_len or response
+    return prompt + response
+
+
+def engine_sequences(config: TrainConfig) -> int:
+    """The samples one engine holds at once: its share of a round's prompts x samples."""
+    rollout, placement = config.rollout, config.placement
+    engines = (placement.rollout_num_gpus or 1) // placement.rollout_num_gpus_per_engine
+    return math.ceil(rollout.over_sampling_batch_size * rollout.n_samples_per_prompt / engines)
+
+
+def micro_batch_tokens(config: TrainConfig) -> int:
+    megatron = config.megatron
+    if (
+        config.placement.train_backend == "megatron"
+        and megatron.use_dynamic_batch_size
+        and megatron.max_tokens_per_gpu
+    ):
+        return megatron.max_tokens_per_gpu
+    return config.batch.micro_batch_size * sequence_tokens(config)
+
+
+def recomputes(config: TrainConfig) -> bool:
+    if config.placement.train_backend == "megatron":
+        return config.megatron.recompute_granularity is not None
+    return config.torch.gradient_checkpointing
+
+
+def sglang_engine(
+    config: TrainConfig,
+    shape: ModelShape,
+    fraction: float,
+    device: DeviceMemory,
+    dtype_bytes: int,
+) -> tuple[int, str]:
+    """SGLang's share and how it was reckoned: its static `fraction` of the GPU, or less where
+    ``--sglang-max-total-tokens`` caps its KV cache."""
+    static = memory_estimate.static_engine_memory(fraction, device.total)
+    source = f"--sglang-mem-fraction-static {fraction:g} of the GPU"
+    cap = sglang_args.coerce_extra(config.sglang.sglang_extra).get("max_total_tokens")
+    tokens = cap if cap is not None else engine_sequences(config) * sequence_tokens(config)
+    slots = 0 if config.lora.merged else sglang_args.LORA_SLOTS
+    capped = memory_estimate.engine_memory(
+        shape, dtype_bytes=dtype_bytes, kv_tokens=tokens, adapter_slots=slots
+    )
+    if capped >= static:
+        return static, source
+    if cap is None:  # the rollout needs less than the fraction reserves: say how to cap it
+        return static, (
+            f"{source}, where its rollout needs {memory_estimate.gib(capped)} GiB: "
+            f"--sglang-max-total-tokens {tokens} would cap its KV cache there"
+        )
+    return capped, (
+        f"weights, {slots} adapter slots and a KV cache of --sglang-max-total-tokens {cap}, "
+        f"within {source}"
+    )
+
+
+def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) -> MemoryPlan:
+    """The plan for one GPU with `device`'s memory."""
+    dtype_bytes = 4 if config.placement.resolve_dtype("cuda") == "fp32" else 2
+    trainer = memory_estimate.trainer_memory(
+        shape,
+        dtype_bytes=dtype_bytes,
+        tokens=micro_batch_tokens(config),
+        gradient_checkpointing=recomputes(config),
+    )
+    fraction = config.sglang.sglang_mem_fraction_static
+    if config.placement.rollout_backend == "sglang" and fraction is not None:
+        engine, source = sglang_engine(config, shape, fraction, device, dtype_bytes)
+    else:
+        sequences = engine_sequences(config)
+        engine = memory_estimate.engine_memory(
+            shape, dtype_bytes=dtype_bytes, kv_tokens=sequences * sequence_tokens(config)
+        )
+        source = f"weights and the KV cache of {sequences} samples"
+    if config.lora.merged:
+        engine += memory_estimate.merged_serving_memory(shape, dtype_bytes=dtype_bytes)
+        source += ", + the adapted weights twice to merge into (--lora-serving merged)"
+    return memory_estimate.plan(trainer, engine=engine, engine_source=source, device=device)
+
+
+def resolve(
+    config: TrainConfig,
+    shape: ModelShape | None,
+    *,
+    device: str,
+    device_memory: Callable[[], DeviceMemory],
+) -> TrainConfig:
+    """`config` with ``auto`` decided (one line printed); `device_memory` measures a GPU's
+    memory, called only where the GPU is weighed. On the CPU nothing is swapped: keep."""
+    if not undecided(config):
+        return config
+    if device == "cpu":
+        mode = "keep"
+        print(f"{PROG}: --colocate-memory auto: keep (on the CPU nothing is swapped)", flush=True)
+    elif shape is None:
+        raise ValueError("--colocate-memory auto on a GPU weighs the model's shape: none given")
+    else:
+        memory_plan = estimate(config, shape, device=device_memory())
+        mode = memory_plan.mode
+        print(f"{PROG}: {memory_plan.line()}", flush=True)
+    return replace(config, placement=replace(config.placement, colocate_memory=mode))

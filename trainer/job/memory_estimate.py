@@ -1,0 +1,165 @@
+"""Whether a colocated trainer and rollout engine fit one device together (``--colocate-memory
+auto``): pure arithmetic over sizes, no torch and no device; the device's free and total memory
+are passed in.
+
+The trainer's estimate, per device (conservative: no tensor/pipeline split of the weights):
+
+* the base weights in the training dtype (frozen: no gradient, no optimizer state);
+* the LoRA parameters in float32 (PEFT's master copy), their float32 gradients and Adam's two
+  float32 moments: 16 bytes per LoRA parameter;
+* activations kept for backward: 34 x tokens x hidden bytes per decoder layer in 16-bit
+  (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+  without the attention-score term that fused attention never stores), twice that in float32;
+  with gradient checkpointing one layer's worth plus each layer's input;
+* the logits of a micro-batch in float32, twice (the values and their gradient).
+
+A micro-batch holds ``--micro-batch-size`` sequences of the longest prompt plus the longest
+response (or ``--max-tokens-per-gpu`` tokens with dynamic batching).
+
+The engine's share: SGLang reserves ``--sglang-mem-fraction-static`` of the device's total
+memory for its weights and KV cache, less where ``--sglang-max-total-tokens`` caps the cache
+(weights, adapter buffers and that many tokens' K and V); the transformers engine holds its
+weights and the KV cache of its samples. Both resident fit in what is free on the device at the
+job's start (another process's memory on a shared GPU is not ours to plan with) less `MARGIN`
+of its total (CUDA context, NCCL buffers, allocator fragmentation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 2**30
+MARGIN = 0.10
+LORA_BYTES_PER_PARAM = 4 + 4 + 2 * 4  # float32 weight, gradient, Adam's two moments
+ACTIVATION_BYTES_PER_TOKEN_HIDDEN_16BIT = 34
+LOGIT_COPIES = 2  # float32 logits and their gradient
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs of the model (`trainer.job.model_shape` reads it from a
+    checkpoint)."""
+
+    parameters: int
+    lora_parameters: int
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    kv_bytes_per_token_16bit: int  # K and V of one token over all layers, in 16-bit
+    adapted_parameters: int = 0  # of the weights LoRA adapts (a merged engine copies them)
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One GPU's memory in bytes, as the driver reports it (``torch.cuda.mem_get_info``)."""
+
+    free: int
+    total: int
+
+
+@dataclass(frozen=True)
+class TrainerMemory:
+    weights: int
+    lora_states: int
+    activations: int
+    logits: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.lora_states + self.activations + self.logits
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    trainer: TrainerMemory
+    engine: int
+    engine_source: str  # how the engine's share was reckoned
+    device: DeviceMemory
+
+    @property
+    def available(self) -> int:
+        return max(0, self.device.free - int(self.device.total * MARGIN))
+
+    @property
+    def needed(self) -> int:
+        return self.trainer.total + self.engine
+
+    @property
+    def keep(self) -> bool:
+        """Both resident: they fit the device's free memory less `MARGIN` of its total."""
+        return self.needed <= self.available
+
+    @property
+    def mode(self) -> str:
+        return "keep" if self.keep else "release"
+
+    def line(self) -> str:
+        t = self.trainer
+        return (
+            f"--colocate-memory auto: {self.mode} (trainer {gib(t.total)} GiB = weights "
+            f"{gib(t.weights)} + LoRA with grads and Adam {gib(t.lora_states)} + activations "
+            f"{gib(t.activations)} + logits {gib(t.logits)}; engine {gib(self.engine)} GiB "
+            f"({self.engine_source}); {gib(self.needed)} GiB needed, "
+            f"{gib(self.available)} GiB usable: {gib(self.device.free)} GiB free of "
+            f"{gib(self.device.total)} GiB less {MARGIN:.0%} of it)"
+        )
+
+
+def gib(size: int) -> str:
+    return f"{size / GIB:.2f}"
+
+
+def trainer_memory(
+    shape: ModelShape,
+    *,
+    dtype_bytes: int,
+    tokens: int,
+    gradient_checkpointing: bool,
+) -> TrainerMemory:
+    """`tokens`: of one micro-batch; `dtype_bytes`: of the training dtype (2 bf16, 4 fp32).
+    Training the merged policy (``--lora-serving merged``) adds nothing: each layer merges its
+    weight again in backward (`trainer.backends.torch.merged_policy`)."""
+    per_layer = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens * shape.hidden_size
+    per_layer = per_layer * dtype_bytes // 2
+    if gradient_checkpointing:
+        layer_inputs = shape.num_layers * tokens * shape.hidden_size * dtype_bytes
+        activations = per_layer + layer_inputs
+    else:
+        activations = per_layer * shape.num_layers
+    return TrainerMemory(
+        weights=shape.parameters * dtype_bytes,
+        lora_states=shape.lora_parameters * LORA_BYTES_PER_PARAM,
+        activations=activations,
+        logits=LOGIT_COPIES * tokens * shape.vocab_size * 4,
+    )
+
+
+def static_engine_memory(mem_fraction_static: float, device_total: int) -> int:
+    """SGLang's reservation: its weights and KV cache within that fraction of the device."""
+    return int(mem_fraction_static * device_total)
+
+
+def engine_memory(
+    shape: ModelShape, *, dtype_bytes: int, kv_tokens: int, adapter_slots: int = 0
+) -> int:
+    """An engine's weights, the buffers of `adapter_slots` adapters and a KV cache of
+    `kv_tokens` tokens: the transformers engine (its samples' tokens), or SGLang with its cache
+    capped (``--sglang-max-total-tokens``; its LoRA slots, none serving merged weights), which
+    stays bounded by its static reservation (`static_engine_memory`) all the same."""
+    kv = shape.kv_bytes_per_token_16bit * dtype_bytes // 2 * kv_tokens
+    adapters = adapter_slots * shape.lora_parameters * dtype_bytes
+    return shape.parameters * dtype_bytes + adapters + kv
+
+
+def merged_serving_memory(shape: ModelShape, *, dtype_bytes: int) -> int:
+    """What an engine serving merged weights (``--lora-serving merged``) holds beside its own:
+    the base of the adapted weights to merge into, and the merged set of one update."""
+    return 2 * shape.adapted_parameters * dtype_bytes
+
+
+def plan(
+    trainer: TrainerMemory, *, engine: int, engine_source: str, device: DeviceMemory
+) -> MemoryPlan:
+    """Keep both resident where they fit the device's free memory less `MARGIN` of its total;
+    else release."""
+    return MemoryPlan(trainer, engine, engine_source, device)

@@ -1,0 +1,75 @@
+"""A checkpoint's `ModelShape` for the memory estimate, from files alone (no torch): the sizes
+from ``config.json``, the exact parameter count from the ``*.safetensors`` headers (safetensors
+reads only the header for a tensor's shape)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+from trainer.job.memory_estimate import ModelShape
+
+
+class ModelShapeError(ValueError):
+    """The checkpoint does not say how large the model is (one line)."""
+
+
+def tensor_shapes(model_dir: Path) -> Iterator[tuple[str, list[int]]]:
+    """(name, shape) of every tensor in the checkpoint's safetensors files."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelShapeError(f"{model_dir}: no *.safetensors files to size the model from")
+    for path in files:
+        with safe_open(str(path), framework="numpy") as tensors:
+            for name in tensors.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                yield name, list(tensors.get_slice(name).get_shape())
+
+
+def adapted_shapes(
+    shapes: Sequence[tuple[str, list[int]]], targets: Sequence[str]
+) -> list[list[int]]:
+    """The [out, in] shapes of every 2-D ``<target>.weight``: the weights LoRA adapts."""
+    wanted = set(targets)
+    return [
+        shape
+        for name, shape in shapes
+        if len(shape) == 2 and name.endswith(".weight") and name.split(".")[-2] in wanted
+    ]
+
+
+def lora_parameters(
+    shapes: Sequence[tuple[str, list[int]]], rank: int, targets: Sequence[str]
+) -> int:
+    """LoRA A and B of every adapted weight [out, in]: rank x (in + out) each."""
+    return sum(rank * (out + in_) for out, in_ in adapted_shapes(shapes, targets))
+
+
+def _text_config(model_dir: Path) -> dict[str, Any]:
+    config = json.loads((model_dir / "config.json").read_text())
+    return config.get("text_config", config)
+
+
+def read(model_dir: Path, *, lora_rank: int, lora_targets: Sequence[str]) -> ModelShape:
+    shapes = list(tensor_shapes(model_dir))
+    config = _text_config(model_dir)
+    try:
+        hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+        heads, vocab = config["num_attention_heads"], config["vocab_size"]
+    except KeyError as err:
+        raise ModelShapeError(f"{model_dir}/config.json lacks {err.args[0]}") from None
+    head_dim = config.get("head_dim") or hidden // heads
+    kv_heads = config.get("num_key_value_heads") or heads
+    return ModelShape(
+        parameters=sum(math.prod(shape) for _, shape in shapes),
+        lora_parameters=lora_parameters(shapes, lora_rank, lora_targets),
+        hidden_size=hidden,
+        num_layers=layers,
+        vocab_size=vocab,
+        kv_bytes_per_token_16bit=2 * layers * kv_heads * head_dim * 2,
+        adapted_parameters=sum(out * in_ for out, in_ in adapted_shapes(shapes, lora_targets)),
+    )
