@@ -16,7 +16,6 @@ from typing import Any
 
 from common.secrets import scrub, scrub_data
 from harness.context import Plan, build_plan
-from common.secrets import scrub, scrub_data
 from harness.launcher import Launcher, LauncherArgs
 from harness.steps import Step
 from trainer.config.flags import option

@@ -16,7 +16,6 @@ from typing import Any
 from common.secrets import is_secret
 from harness.context import LaunchContext
 from harness.errors import LaunchError
-from common.secrets import is_secret
 from harness.launcher import LauncherArgs
 from harness.steps import WriteFile
 from trainer.config.flags import option

@@ -32,7 +32,10 @@ def repo(tmp_path: Path) -> Path:
     """A git repository whose HEAD is this checkout's code (what recording needs)."""
     listed = _git(ROOT, "ls-files", "--cached", "--others", "--exclude-standard").splitlines()
     for name in listed:
-        if name.startswith(("harness/", "launchers/", "trainer/")) and (ROOT / name).is_file():
+        if (
+            name.startswith(("common/", "harness/", "launchers/", "trainer/"))
+            and (ROOT / name).is_file()
+        ):
             (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, tmp_path / name)
     _git(tmp_path, "init", "--quiet")
