@@ -43,6 +43,36 @@ class SGLangBackends:
     lora: str
 
 
+# The recipe's blocks that no launch option changes (any of them: --set NAME=VALUE).
+LORA = LoraConfig(lora_rank=64, lora_alpha=32, lora_base_cpu_backup=True)  # validated on CUDA
+REWARD = RewardConfig(rm_type="deepscaler")
+# 8 prompts x 8 samples = one 64-sample update per rollout, 8,192-token responses.
+ROLLOUT = RolloutConfig(
+    num_rollout=100, rollout_batch_size=8, n_samples_per_prompt=8, rollout_max_response_len=8192
+)
+BATCH = BatchConfig(global_batch_size=64, balance_data=True)
+OPTIMIZER = OptimizerConfig(lr=2e-5, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.98)
+ALGORITHM = AlgorithmConfig(
+    advantage_estimator="grpo",
+    kl_loss_coef=0.0,
+    kl_loss_type="low_var_kl",
+    entropy_coef=0.0,
+    eps_clip_high=0.28,
+    loss_agg="token-mean",
+)
+# Megatron-Bridge training and one 4B SGLang engine per GPU, colocated.
+PLACEMENT = PlacementConfig(
+    train_backend="megatron", rollout_backend="sglang", rollout_num_gpus_per_engine=1, colocate=True
+)
+MEGATRON = MegatronConfig(
+    megatron_to_hf_mode="bridge",
+    attention_dropout=0.0,
+    hidden_dropout=0.0,
+    accumulate_allreduce_grads_in_fp32=True,
+    attention_softmax_in_fp32=True,
+)
+
+
 def config(args: LauncherArgs, *, sglang: SGLangBackends, wandb_project: str) -> TrainConfig:
     """The recipe on `args`' directories and run id, with SGLang's `sglang` kernels."""
     data, run = args.data_dir, f"{args.output_dir}/{args.run_id}"
@@ -54,8 +84,7 @@ def config(args: LauncherArgs, *, sglang: SGLangBackends, wandb_project: str) ->
             save_interval=50,
             output_dir=run,
         ),
-        # LoRA: the Qwen3-4B Megatron LoRA recipe validated on CUDA.
-        lora=LoraConfig(lora_rank=64, lora_alpha=32, lora_base_cpu_backup=True),
+        lora=LORA,
         data=DataConfig(
             prompt_data=f"{data}/dapo-math-17k/dapo-math-17k.jsonl",
             input_key="prompt",
@@ -63,15 +92,9 @@ def config(args: LauncherArgs, *, sglang: SGLangBackends, wandb_project: str) ->
             apply_chat_template=True,
             rollout_shuffle=True,
         ),
-        reward=RewardConfig(rm_type="deepscaler"),
-        # 8 prompts x 8 samples = one 64-sample update per rollout, 8,192-token responses.
-        rollout=RolloutConfig(
-            num_rollout=100,
-            rollout_batch_size=8,
-            n_samples_per_prompt=8,
-            rollout_max_response_len=8192,
-        ),
-        batch=BatchConfig(global_batch_size=64, balance_data=True),
+        reward=REWARD,
+        rollout=ROLLOUT,
+        batch=BATCH,
         # AIME-2024, avg@16, every 20 rollouts.
         eval=EvalConfig(
             eval_interval=20,
@@ -80,30 +103,11 @@ def config(args: LauncherArgs, *, sglang: SGLangBackends, wandb_project: str) ->
             eval_max_response_len=16384,
             eval_top_p=1.0,
         ),
-        optimizer=OptimizerConfig(lr=2e-5, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.98),
-        algorithm=AlgorithmConfig(
-            advantage_estimator="grpo",
-            kl_loss_coef=0.0,
-            kl_loss_type="low_var_kl",
-            entropy_coef=0.0,
-            eps_clip_high=0.28,
-            loss_agg="token-mean",
-        ),
+        optimizer=OPTIMIZER,
+        algorithm=ALGORITHM,
         wandb=WandbConfig(wandb_project=wandb_project),
-        # Megatron-Bridge training and one 4B SGLang engine per GPU, colocated.
-        placement=PlacementConfig(
-            train_backend="megatron",
-            rollout_backend="sglang",
-            rollout_num_gpus_per_engine=1,
-            colocate=True,
-        ),
-        megatron=MegatronConfig(
-            megatron_to_hf_mode="bridge",
-            attention_dropout=0.0,
-            hidden_dropout=0.0,
-            accumulate_allreduce_grads_in_fp32=True,
-            attention_softmax_in_fp32=True,
-        ),
+        placement=PLACEMENT,
+        megatron=MEGATRON,
         sglang=SGLangConfig(
             sglang_mem_fraction_static=0.4,
             sglang_chunked_prefill_size=4096,

@@ -247,12 +247,7 @@ def grpo_loss(
     config = config or GRPOConfig()
     if old_logprobs is None:
         old_logprobs = logprobs.detach()
-    if config.use_kl_loss and ref_logprobs is None:
-        raise ValueError("use_kl_loss needs ref_logprobs")
-    if config.entropy_coef and entropy is None:
-        raise ValueError("entropy_coef needs the per-token entropy")
-    if config.use_tis and rollout_logprobs is None:
-        raise ValueError("use_tis needs rollout_logprobs")
+    _check_terms(config, ref_logprobs, entropy, rollout_logprobs)
     normalizer = normalizer or Normalizer.from_masks([mask])
     weights, metrics = _rollout_terms(config, old_logprobs, rollout_logprobs, mask, normalizer)
     pg_loss, clip_fraction = policy_loss(
@@ -275,7 +270,22 @@ def grpo_loss(
         pg_clipfrac=float(clip_fraction),
         ppo_ratio=float(aggregate(ratio, mask, "token-mean", normalizer)),
     )
-    loss = pg_loss
+    loss = _regularized(pg_loss, config, logprobs, ref_logprobs, entropy, mask, normalizer, metrics)
+    return loss, metrics
+
+
+def _regularized(
+    loss: torch.Tensor,
+    config: GRPOConfig,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    mask: torch.Tensor,
+    normalizer: Normalizer,
+    metrics: dict[str, float],
+) -> torch.Tensor:
+    """`loss` ``+ kl_loss_coef * kl`` (with use_kl_loss) ``- entropy_coef * entropy``;
+    `metrics` gains ``kl`` and ``entropy`` wherever they can be computed."""
     if ref_logprobs is not None:
         kl = aggregate(
             kl_penalty(logprobs, ref_logprobs, config.kl_loss_type),
@@ -292,7 +302,22 @@ def grpo_loss(
         metrics["entropy"] = float(entropy_value.detach())
         if config.entropy_coef:
             loss = loss - config.entropy_coef * entropy_value
-    return loss, metrics
+    return loss
+
+
+def _check_terms(
+    config: GRPOConfig,
+    ref_logprobs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+    rollout_logprobs: torch.Tensor | None,
+) -> None:
+    """Each term the config asks for has what it is computed from."""
+    if config.use_kl_loss and ref_logprobs is None:
+        raise ValueError("use_kl_loss needs ref_logprobs")
+    if config.entropy_coef and entropy is None:
+        raise ValueError("entropy_coef needs the per-token entropy")
+    if config.use_tis and rollout_logprobs is None:
+        raise ValueError("use_tis needs rollout_logprobs")
 
 
 def _rollout_terms(

@@ -200,12 +200,73 @@ def run(config: TrainConfig) -> int:
 
     import ray
 
-    from trainer.job import placement
+    layout = _init_ray(config.placement)
+    try:
+        config, adapter = _train(config, layout, shape, tokenizer, source, eval_sets)
+    finally:
+        ray.shutdown()
+    _summarize(config, layout.device, adapter, elapsed_s=time.time() - started)
+    return 0
+
+
+def _train(
+    config: TrainConfig,
+    layout: Any,
+    shape: Any,
+    tokenizer: Any,
+    source: Any,
+    eval_sets: dict[str, Any],
+) -> tuple[TrainConfig, Path | None]:
+    """Place the trainers and engines on the job's cluster (`layout`), with the memory plan
+    resolved for its device, and run the GRPO loop; the config as resolved and the adapter
+    saved last."""
+    from trainer.job import colocate_memory, placement
     from trainer.loop import GRPOLoop
     from trainer.run.data import num_rollouts
+    from trainer.run.metrics import MetricsLogger
+
+    output_dir = Path(config.checkpoint.output_dir)
+    rollout = config.rollout
+    num_rollout = num_rollouts(rollout, len(source))
+    updates = rollout.samples // config.batch.global_batch_size
+    train_python = config.placement.train_python
+    config = colocate_memory.resolve(
+        config,
+        shape,
+        device=layout.device,
+        device_memory=lambda: placement.device_memory(train_python),
+    )
+    print(
+        f"train.py: {num_rollout} rollouts x {rollout.rollout_batch_size} prompts x "
+        f"{rollout.n_samples_per_prompt} samples on {layout.device}: "
+        f"{len(layout.train_bundles)} training rank(s), {len(layout.engine_bundles)} "
+        f"{config.placement.rollout_backend} engine(s){_colocation_note(config.placement)}",
+        flush=True,
+    )
+    cluster = placement.launch(config, layout, total_steps=num_rollout * updates)
+    try:
+        loop = GRPOLoop(
+            config,
+            trainers=cluster.trainers,
+            engines=cluster.engines,
+            tokenizer=tokenizer,
+            source=source,
+            eval_sets=eval_sets,
+            logger_factory=lambda start, total: MetricsLogger(
+                output_dir, total_steps=total, start_step=start, config=config
+            ),
+            colocation=cluster.colocation,
+        )
+        loop.restore()
+        return config, loop.run()
+    finally:
+        cluster.shutdown()
+
+
+def _summarize(config: TrainConfig, device: str, adapter: Path | None, *, elapsed_s: float) -> None:
+    """The end-of-run summary: written beside the metrics and printed."""
     from trainer.run.metrics import (
         METRICS_FILE,
-        MetricsLogger,
         read_metrics,
         summarize,
         summary_text,
@@ -213,55 +274,14 @@ def run(config: TrainConfig) -> int:
     )
 
     output_dir = Path(config.checkpoint.output_dir)
-    rollout = config.rollout
-    num_rollout = num_rollouts(rollout, len(source))
-    updates = rollout.samples // config.batch.global_batch_size
-    layout = _init_ray(config.placement)
-    try:
-        train_python = config.placement.train_python
-        config = colocate_memory.resolve(
-            config,
-            shape,
-            device=layout.device,
-            device_memory=lambda: placement.device_memory(train_python),
-        )
-        print(
-            f"train.py: {num_rollout} rollouts x {rollout.rollout_batch_size} prompts x "
-            f"{rollout.n_samples_per_prompt} samples on {layout.device}: "
-            f"{len(layout.train_bundles)} training rank(s), {len(layout.engine_bundles)} "
-            f"{config.placement.rollout_backend} engine(s)"
-            f"{_colocation_note(config.placement)}",
-            flush=True,
-        )
-        cluster = placement.launch(config, layout, total_steps=num_rollout * updates)
-        try:
-            loop = GRPOLoop(
-                config,
-                trainers=cluster.trainers,
-                engines=cluster.engines,
-                tokenizer=tokenizer,
-                source=source,
-                eval_sets=eval_sets,
-                logger_factory=lambda start, total: MetricsLogger(
-                    output_dir, total_steps=total, start_step=start, config=config
-                ),
-                colocation=cluster.colocation,
-            )
-            loop.restore()
-            adapter = loop.run()
-        finally:
-            cluster.shutdown()
-    finally:
-        ray.shutdown()
     summary = summarize(
         read_metrics(output_dir / METRICS_FILE),
-        elapsed_s=time.time() - started,
+        elapsed_s=elapsed_s,
         adapter=adapter,
-        merged_in=config.placement.resolve_dtype(layout.device) if config.lora.merged else None,
+        merged_in=config.placement.resolve_dtype(device) if config.lora.merged else None,
     )
     write_summary(output_dir, summary)
     print(summary_text(summary), flush=True)
-    return 0
 
 
 def _init_ray(flags: PlacementConfig) -> Any:

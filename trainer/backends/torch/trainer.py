@@ -90,6 +90,37 @@ def _scatter(mask: Any, values: Any) -> Any:
     )
 
 
+def _plain_head(base: Any) -> bool:
+    """Whether the output layer is a plain bias-free Linear with no logit transform, which the
+    log-prob computation applies itself chunk by chunk; a LoRA-wrapped or biased one goes
+    through the model's own forward."""
+    import torch
+
+    head = base.get_output_embeddings()
+    return (
+        type(head) is torch.nn.Linear
+        and head.bias is None
+        and not any(
+            getattr(base.config, name, None) not in (None, 1.0) for name in LOGIT_TRANSFORMS
+        )
+    )
+
+
+def _adamw(params: list[Any], optim: OptimizerConfig, total_steps: int) -> tuple[Any, Any]:
+    """AdamW over `params` with the run's LR schedule (`lr_factor`) of `total_steps` steps."""
+    import torch
+
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=optim.lr,
+        betas=(optim.adam_beta1, optim.adam_beta2),
+        eps=optim.adam_eps,
+        weight_decay=optim.weight_decay,
+    )
+    schedule = functools.partial(lr_factor, optim, total_steps)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
 class PeftPolicyTrainer:
     def __init__(
         self,
@@ -140,26 +171,9 @@ class PeftPolicyTrainer:
         self.merged = MergedPolicy(self.model, self.compute_dtype) if merged else None
         if gradient_checkpointing:
             _enable_activation_checkpointing(base)
-        head = base.get_output_embeddings()
-        # a LoRA-wrapped or biased output layer goes through the model's own forward
-        self.plain_head = (
-            type(head) is torch.nn.Linear
-            and head.bias is None
-            and not any(
-                getattr(base.config, name, None) not in (None, 1.0) for name in LOGIT_TRANSFORMS
-            )
-        )
+        self.plain_head = _plain_head(base)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.params,
-            lr=optim.lr,
-            betas=(optim.adam_beta1, optim.adam_beta2),
-            eps=optim.adam_eps,
-            weight_decay=optim.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, functools.partial(lr_factor, optim, total_steps)
-        )
+        self.optimizer, self.scheduler = _adamw(self.params, optim, total_steps)
         self.steps = 0
         self.frozen = FrozenWeights(
             self.model.parameters(), self.device, cpu_backup=base_cpu_backup
