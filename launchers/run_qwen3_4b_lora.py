@@ -24,6 +24,11 @@ from trainer.config import TrainConfig
 # (sgl-project/sglang#10286). Both are values of SGLang's ServerArgs choices
 # (https://docs.sglang.io/advanced_features/lora.html).
 SGLANG = recipe.SGLangBackends(attention="flashinfer", lora="csgmv")
+# The rollout and trainer environments of docs/backends.md (PyPI's torch 2.11.0 is a CUDA build).
+PACKAGES = recipe.Packages(
+    constraints=("constraints/cuda-sglang.txt", "constraints/cuda-megatron.txt"),
+    torch_build="torch.version.cuda",
+)
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,7 @@ class Args(LauncherArgs):
 
 
 def config(args: Args) -> TrainConfig:
-    return recipe.config(args, sglang=SGLANG, wandb_project="qwen3-4b-lora-cuda")
+    return recipe.config(args, sglang=SGLANG, packages=PACKAGES, wandb_project="qwen3-4b-lora-cuda")
 
 
 LAUNCHER = recipe_launcher(

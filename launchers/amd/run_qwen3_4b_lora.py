@@ -22,6 +22,8 @@ from trainer.config import TrainConfig
 
 # ROCm has none of SGLang's CUDA-only backends: Triton for attention and for LoRA.
 SGLANG = recipe.SGLangBackends(attention="triton", lora="triton")
+# torch, SGLang and Megatron come from AMD's ROCm image; the project pins what it adds on top.
+PACKAGES = recipe.Packages(constraints=("constraints/rocm.txt",), torch_build="torch.version.hip")
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class Args(LauncherArgs):
 
 
 def config(args: Args) -> TrainConfig:
-    return recipe.config(args, sglang=SGLANG, wandb_project="qwen3-4b-lora-amd")
+    return recipe.config(args, sglang=SGLANG, packages=PACKAGES, wandb_project="qwen3-4b-lora-amd")
 
 
 LAUNCHER = recipe_launcher(

@@ -2,10 +2,11 @@
 
 Everything but the platform is said here, once, as a training config: LoRA, rollout shape,
 engines, eval, optimizer, GRPO, data and checkpoints (`config`), what `prepare` downloads, and
-the job's environment (`train`). A platform's launcher file declares its hardware and calls
-`config` with its SGLang kernels (`SGLangBackends`) and wandb project; the platform environment
-follows from the hardware (harness.platform), the placement from the cluster
-(harness.cluster_shape). tests/test_qwen3_4b_lora_twins.py holds the launchers to that.
+the job's environment (`train`), and what it needs of SGLang before Ray starts
+(`SGLANG_NEEDS`). A platform's launcher file declares its hardware and calls `config` with its
+SGLang kernels (`SGLangBackends`), where its packages come from (`Packages`) and its wandb
+project; the platform environment follows from the hardware (harness.platform), the placement
+from the cluster (harness.cluster_shape). tests/test_qwen3_4b_lora_twins.py holds the launchers to that.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from trainer.config import (
     MegatronConfig,
     OptimizerConfig,
     PlacementConfig,
+    PreflightConfig,
     RewardConfig,
     RolloutConfig,
     SGLangConfig,
@@ -41,6 +43,26 @@ class SGLangBackends:
 
     attention: str
     lora: str
+
+
+@dataclass(frozen=True)
+class Packages:
+    """Where one platform's packages come from: its pinned sets (``--constraints``, relative to
+    the checkout) and the torch build its GPUs need (a capability: ``torch.version.cuda`` or
+    ``torch.version.hip``)."""
+
+    constraints: tuple[str, ...]
+    torch_build: str
+
+
+# What the recipe needs of SGLang beyond its backend's own, checked before Ray starts: each
+# adapter handed over from memory as one flattened bucket (SGLang 0.5.17), which the colocated
+# step time of docs/performance.md was measured with. An image whose SGLang predates it is
+# refused in one line instead of slowing down, or dying at its first weight update.
+SGLANG_NEEDS = (
+    "sglang.Engine.load_lora_adapter_from_tensors",
+    "sglang.srt.weight_sync.tensor_bucket.FlattenedTensorMetadata",
+)
 
 
 # The recipe's blocks that no launch option changes (any of them: --set NAME=VALUE).
@@ -73,8 +95,11 @@ MEGATRON = MegatronConfig(
 )
 
 
-def config(args: LauncherArgs, *, sglang: SGLangBackends, wandb_project: str) -> TrainConfig:
-    """The recipe on `args`' directories and run id, with SGLang's `sglang` kernels."""
+def config(
+    args: LauncherArgs, *, sglang: SGLangBackends, packages: Packages, wandb_project: str
+) -> TrainConfig:
+    """The recipe on `args`' directories and run id, with SGLang's `sglang` kernels and the
+    platform's `packages`."""
     data, run = args.data_dir, f"{args.output_dir}/{args.run_id}"
     return TrainConfig(
         checkpoint=CheckpointConfig(
@@ -113,6 +138,10 @@ def config(args: LauncherArgs, *, sglang: SGLangBackends, wandb_project: str) ->
             sglang_chunked_prefill_size=4096,
             sglang_lora_backend=sglang.lora,
             sglang_attention_backend=sglang.attention,
+        ),
+        preflight=PreflightConfig(
+            require_capability=(*SGLANG_NEEDS, packages.torch_build),
+            constraints=packages.constraints,
         ),
     )
 
