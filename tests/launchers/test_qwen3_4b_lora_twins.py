@@ -57,7 +57,8 @@ def _rocm_removed(*steps: str) -> set[Change]:
 def _expected_train_changes(nodes: int = 1) -> set[Change]:
     flags = {
         "--wandb-project": tuple(
-            mod.config(mod.LAUNCHER.args(run_id="r")).wandb.wandb_project for mod in (amd, cuda)
+            mod.LAUNCHER.config(mod.LAUNCHER.args(run_id="r")).wandb.wandb_project
+            for mod in (amd, cuda)
         ),
         "--sglang-lora-backend": (amd.SGLANG.lora, cuda.SGLANG.lora),
         "--sglang-attention-backend": (amd.SGLANG.attention, cuda.SGLANG.attention),
