@@ -697,24 +697,24 @@ def run_trl(spec: Spec, kind: str, steps: int, conn: Any, memory: PeakMemory) ->
             memory.idle()
             conn.send(asdict(step))
 
-    def timed_adapter(hand_over: Any) -> Any:
-        """`hand_over` (the adapter into vLLM), its time added to the step's `sync`."""
+    def timed(call: Any, phase: str) -> Any:
+        """`call` with its time (the device synchronized) added to the step's `phase`."""
 
-        def timed(*args: Any, **kwargs: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
             synchronize(spec.device)
             started = time.perf_counter()
-            out = hand_over(*args, **kwargs)
+            out = call(*args, **kwargs)
             synchronize(spec.device)
-            timing["sync"] += time.perf_counter() - started
+            timing[phase] += time.perf_counter() - started
             return out
 
-        return timed
+        return run
 
     def length_parity(completions: list[str], **_: Any) -> list[float]:
         return [parity(completion) for completion in completions]
 
     if kind == "unsloth":  # within the rollout: Unsloth hands the adapter to vLLM
-        model.load_lora = timed_adapter(model.load_lora)
+        model.load_lora = timed(model.load_lora, "sync")
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=length_parity,
@@ -724,20 +724,16 @@ def run_trl(spec: Spec, kind: str, steps: int, conn: Any, memory: PeakMemory) ->
         peft_config=peft_config,
         callbacks=[Pace()],
     )
-    generate = trainer._generate_single_turn  # TRL's rollout: model.generate, or vLLM's
+    generate = timed(trainer._generate_single_turn, "rollout")  # model.generate, or vLLM's
 
     def timed_generate(*args: Any, **kwargs: Any) -> Any:
-        synchronize(spec.device)
-        started = time.perf_counter()
         out = generate(*args, **kwargs)
-        synchronize(spec.device)
-        timing["rollout"] += time.perf_counter() - started
         timing["responses"] += sum(len(ids) for ids in out[0])
         return out
 
     trainer._generate_single_turn = timed_generate
     if kind == "trl-vllm":  # within the rollout: the adapter merged into vLLM's weights
-        trainer.vllm_generation.sync_weights = timed_adapter(trainer.vllm_generation.sync_weights)
+        trainer.vllm_generation.sync_weights = timed(trainer.vllm_generation.sync_weights, "sync")
     trainer.remove_callback(PrinterCallback)  # TRL's per-step log dicts on stdout
     conn.send(("ready", package_versions()))
     trainer.train()

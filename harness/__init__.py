@@ -9,7 +9,7 @@ from harness.errors import LaunchError
 from harness.launcher import Launcher, LauncherArgs, arg, multi_node_recordings
 from harness.ray_job import execute_train, join_cluster
 from harness.recipe import recipe_launcher
-from harness.run_config import recipe_config
+from harness.run_config import recipe_config, run_checkpoint
 from harness.slurm import write_batch_script
 from harness.steps import ClaimRun, HubDownload, RayJobSubmit, RayStart, RayStop, Shell, Step
 
@@ -34,5 +34,6 @@ __all__ = [
     "multi_node_recordings",
     "recipe_config",
     "recipe_launcher",
+    "run_checkpoint",
     "write_batch_script",
 ]

@@ -110,7 +110,7 @@ def build_app(
     app.callback()(_no_op)  # a group even with one entrypoint: the subcommand is always named
     settings = settings_help(launcher)
     for function in launcher.entrypoints:
-        trains = function.__name__ in ("train", "full_train", "sbatch")
+        trains = function.__name__ in ("train", "full_train", "sbatch", "rayjob")
         app.command(
             name=function.__name__.replace("_", "-"),
             help=inspect.getdoc(function),

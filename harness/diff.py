@@ -105,6 +105,8 @@ def split_command(argv: Sequence[str]) -> tuple[str, tuple[tuple[str, str | None
 
 def step_view(step: Mapping[str, Any]) -> StepView:
     """The diff's view of one step of ``Recording.to_dict()``."""
+    if step["kind"] == "write_file" and step["path"].endswith("/rayjob.yaml"):
+        return _rayjob_view(step)
     identity = ""
     flags: tuple[tuple[str, str | None], ...] = ()
     env: dict[str, str] = {}
@@ -128,6 +130,41 @@ def step_view(step: Mapping[str, Any]) -> StepView:
     elif step["kind"] == "ray_start":
         identity = "head" if step.get("head") else "worker"
     return StepView(step["kind"], identity, flags, env, settings)
+
+
+def _rayjob_view(step: Mapping[str, Any]) -> StepView:
+    """A KubeRay RayJob manifest that ``rayjob`` writes, seen as the job it runs: the flags of
+    its train.py entrypoint, its job's environment, and every other value by its path (a list
+    of named items, as Kubernetes has them, by name)."""
+    import yaml
+
+    manifest = yaml.safe_load(step["content"])
+    spec = manifest["spec"]
+    identity, flags = split_command(shlex.split(spec.pop("entrypoint")))
+    runtime_env = yaml.safe_load(spec.pop("runtimeEnvYAML"))
+    env = runtime_env.pop("env_vars", {})
+    settings = {"path": step["path"], "mode": _text(step["mode"])}
+    settings |= _leaves(runtime_env, "runtimeEnv") | _leaves(manifest, "")
+    return StepView("rayjob", identity, flags, env, settings)
+
+
+def _leaves(value: Any, path: str) -> dict[str, str]:
+    """{path: value} of every scalar under `value`."""
+    if isinstance(value, dict):
+        pairs = value.items()
+    elif isinstance(value, list) and all(isinstance(v, dict) and "name" in v for v in value):
+        pairs = ((item["name"], item) for item in value)
+    elif isinstance(value, list) and all(isinstance(v, dict) and "groupName" in v for v in value):
+        pairs = ((item["groupName"], item) for item in value)
+    elif isinstance(value, list):
+        pairs = enumerate(value)
+    else:
+        return {path: _text(value)}
+    leaves: dict[str, str] = {}
+    for key, item in pairs:
+        inner = f"{path}[{key}]" if isinstance(value, list) else f"{path}.{key}" if path else key
+        leaves |= _leaves(item, inner)
+    return leaves
 
 
 def _text(value: Any) -> str:

@@ -103,6 +103,17 @@ class LauncherArgs:
         "variables of this environment passed to the job by name: NAME[,NAME...] (their "
         "values stay out of argv and of the Slurm script)",
     )
+    image: str | None = arg(
+        None,
+        "container image of the Ray pods, holding this checkout and its Python environment "
+        "[rayjob]",
+    )
+    image_checkout: str = arg("/app", "where the image holds this checkout [rayjob]")
+    pvc: str = arg(
+        "",
+        "persistent volume claims mounted in every Ray pod: CLAIM:PATH[,CLAIM:PATH...] (the "
+        "model, data and output dirs are the pods' paths) [rayjob]",
+    )
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -256,14 +267,22 @@ class Launcher:
 
 
 TWO_NODES: Mapping[str, Any] = {"num_nodes": 2, "head_address": "node-0"}
+# A manifest's image and a claim holding the recording's model, data and output dirs.
+ON_KUBERAY: Mapping[str, Any] = {
+    "image": "registry.example.com/grpo-lora:recorded",
+    "pvc": "grpo-data:/__home__",
+}
 
 
 def multi_node_recordings() -> dict[str, tuple[str, Mapping[str, Any]]]:
-    """`Launcher.recordings` of a launcher with ``worker`` and ``sbatch``: prepare, train and
-    full_train with default options, and train, worker and sbatch of a 2-node cluster."""
+    """`Launcher.recordings` of a launcher with ``worker``, ``sbatch`` and ``rayjob``:
+    prepare, train and full_train with default options, train, worker and sbatch of a 2-node
+    cluster, and rayjob of one and of two nodes."""
     return {
         **{name: (name, {}) for name in ("prepare", "train", "full_train")},
         **{f"{name}_2_nodes": (name, TWO_NODES) for name in ("train", "worker", "sbatch")},
+        "rayjob": ("rayjob", ON_KUBERAY),
+        "rayjob_2_nodes": ("rayjob", {"num_nodes": 2, **ON_KUBERAY}),
     }
 
 

@@ -5,9 +5,9 @@ A launcher file declares its options (a `LauncherArgs` dataclass: launch concern
 training config it trains (a function of those args: a `TrainConfig` built from the
 ``trainer.config`` groups), `prepare` (what to download or build) and `train` (which hands the
 launch to `execute_train`). `recipe_launcher` declares the launcher of them with the entrypoints
-that follow from those and the cluster (`full_train`, `worker`, `sbatch`) and the recordings of
-`multi_node_recordings`. A recipe shared by several platforms is a module of those functions
-that each platform's launcher file calls with its choices.
+that follow from those and the cluster (`full_train`, `worker`, `sbatch`, `rayjob`) and the
+recordings of `multi_node_recordings`. A recipe shared by several platforms is a module of those
+functions that each platform's launcher file calls with its choices.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from harness.bundle_launch import prepare_or_verify
 from harness.context import LaunchContext
+from harness.kuberay import write_rayjob
 from harness.launcher import Entrypoint, Launcher, LauncherArgs, multi_node_recordings
 from harness.ray_job import join_cluster
 from harness.slurm import write_batch_script
@@ -39,6 +40,11 @@ def sbatch(ctx: LaunchContext, args: LauncherArgs) -> None:
     write_batch_script(ctx, args)
 
 
+def rayjob(ctx: LaunchContext, args: LauncherArgs) -> None:
+    """Write the KubeRay RayJob manifest of the run (--image; apply it with kubectl)."""
+    write_rayjob(ctx, args)
+
+
 def recipe_launcher(
     module: str,
     *,
@@ -50,14 +56,14 @@ def recipe_launcher(
     evidence: str,
 ) -> Launcher:
     """The launcher declared by `module` (its ``__name__``): it trains `config` of its `args`,
-    with `prepare`, `train`, `full_train`, `worker` and `sbatch`, recorded with default
-    options and as a 2-node cluster."""
+    with `prepare`, `train`, `full_train`, `worker`, `sbatch` and `rayjob`, recorded with
+    default options and as a 2-node cluster (`multi_node_recordings`)."""
     prepare = prepare_or_verify(prepare)  # --from-bundle: check the bundle instead
     return Launcher(
         module,
         args=args,
         config=config,
-        entrypoints=(prepare, train, full_train, worker, sbatch),
+        entrypoints=(prepare, train, full_train, worker, sbatch, rayjob),
         recorded_hardware=recorded_hardware,
         evidence=evidence,
         recordings=multi_node_recordings(),

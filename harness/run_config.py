@@ -15,11 +15,26 @@ from harness.cluster_shape import PLACED, ClusterShape
 from harness.context import LaunchContext
 from harness.errors import LaunchError
 from harness.launcher import LauncherArgs
+from trainer.config.checkpoint import CheckpointConfig
 from trainer.config.flags import option
 from trainer.config.overrides import field_name, override
 from trainer.config.train import TrainConfig
 from trainer.config.wandb import WandbConfig
 from trainer.errors import UsageError
+
+
+def run_checkpoint(args: LauncherArgs, model: str, *, save_interval: int) -> CheckpointConfig:
+    """A launch's files: the base model `model` under ``--model-dir``; the run's outputs in
+    ``<output-dir>/<run-id>``, its checkpoints in ``checkpoints/`` there, where a rerun with the
+    same run id resumes."""
+    run = f"{args.output_dir}/{args.run_id}"
+    return CheckpointConfig(
+        hf_checkpoint=f"{args.model_dir}/{model}",
+        load=f"{run}/checkpoints",
+        save=f"{run}/checkpoints",
+        save_interval=save_interval,
+        output_dir=run,
+    )
 
 
 def recipe_config(ctx: LaunchContext, args: LauncherArgs) -> TrainConfig:

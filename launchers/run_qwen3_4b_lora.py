@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from harness import LauncherArgs, arg, recipe_launcher
+from harness import LauncherArgs, arg
 from harness.cli import main
 from launchers.recipes import qwen3_4b as recipe
-from trainer.config import TrainConfig
 
 # Attention: FlashInfer runs on Hopper (H100, H200) and Blackwell (B200); FA3 would be
 # Hopper-only. LoRA: csgmv, SGLang's chunked-SGMV kernels, faster than triton
@@ -38,16 +37,12 @@ class Args(LauncherArgs):
     )
 
 
-def config(args: Args) -> TrainConfig:
-    return recipe.config(args, sglang=SGLANG, packages=PACKAGES, wandb_project="qwen3-4b-lora-cuda")
-
-
-LAUNCHER = recipe_launcher(
+LAUNCHER = recipe.launcher(
     __name__,
     args=Args,
-    config=config,
-    prepare=recipe.prepare,
-    train=recipe.train,
+    sglang=SGLANG,
+    packages=PACKAGES,
+    wandb_project="qwen3-4b-lora-cuda",
     recorded_hardware="H200",
     evidence=(
         "snapshots, argv contract; on 1x H200 the production job with Megatron-Bridge and with "

@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from harness import LauncherArgs, arg, recipe_launcher
+from harness import LauncherArgs, arg
 from harness.cli import main
 from launchers.recipes import qwen3_4b as recipe
-from trainer.config import TrainConfig
 
 # ROCm has none of SGLang's CUDA-only backends: Triton for attention and for LoRA.
 SGLANG = recipe.SGLangBackends(attention="triton", lora="triton")
@@ -33,16 +32,12 @@ class Args(LauncherArgs):
     )
 
 
-def config(args: Args) -> TrainConfig:
-    return recipe.config(args, sglang=SGLANG, packages=PACKAGES, wandb_project="qwen3-4b-lora-amd")
-
-
-LAUNCHER = recipe_launcher(
+LAUNCHER = recipe.launcher(
     __name__,
     args=Args,
-    config=config,
-    prepare=recipe.prepare,
-    train=recipe.train,
+    sglang=SGLANG,
+    packages=PACKAGES,
+    wandb_project="qwen3-4b-lora-amd",
     recorded_hardware="MI355X",
     evidence=(
         "upstream run of this recipe (seed PR #3183): 100 steps on 8x MI355X, ROCm 7.2, "

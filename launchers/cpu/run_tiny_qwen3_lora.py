@@ -24,12 +24,12 @@ from harness import (
     execute_train,
     recipe_config,
     recipe_launcher,
+    run_checkpoint,
 )
 from harness.cli import main
 from trainer.config import (
     AlgorithmConfig,
     BatchConfig,
-    CheckpointConfig,
     DataConfig,
     EvalConfig,
     LoraConfig,
@@ -71,22 +71,11 @@ def config(args: Args) -> TrainConfig:
     """The recipe: LoRA r8 on every linear layer of the tiny Qwen3, 8 prompts x 8 samples per
     rollout in one optimizer update, a checkpoint and an eval every 10 of 30 rollouts."""
     task = f"{args.data_dir}/tiny-task"
-    run = f"{args.output_dir}/{args.run_id}"
     return TrainConfig(
-        checkpoint=CheckpointConfig(
-            hf_checkpoint=f"{args.model_dir}/tiny-qwen3",
-            load=f"{run}/checkpoints",
-            save=f"{run}/checkpoints",
-            save_interval=10,
-            output_dir=run,
-        ),
+        checkpoint=run_checkpoint(args, "tiny-qwen3", save_interval=10),
         lora=LoraConfig(lora_rank=8, lora_alpha=16),
         data=DataConfig(
-            prompt_data=f"{task}/train.jsonl",
-            input_key="prompt",
-            label_key="label",
-            apply_chat_template=True,
-            rollout_shuffle=True,
+            prompt_data=f"{task}/train.jsonl", apply_chat_template=True, rollout_shuffle=True
         ),
         reward=RewardConfig(rm_type="tiny"),
         rollout=RolloutConfig(

@@ -3,22 +3,31 @@
 Everything but the platform is said here, once, as a training config: LoRA, rollout shape,
 engines, eval, optimizer, GRPO, data and checkpoints (`config`), what `prepare` downloads, and
 the job's environment (`train`), and what it needs of SGLang before Ray starts
-(`SGLANG_NEEDS`). A platform's launcher file declares its hardware and calls `config` with its
-SGLang kernels (`SGLangBackends`), where its packages come from (`Packages`) and its wandb
-project; the platform environment follows from the hardware (harness.platform), the placement
-from the cluster (harness.cluster_shape). tests/launchers/test_qwen3_4b_lora_twins.py holds the
-launchers to that.
+(`SGLANG_NEEDS`). A platform's launcher file declares its hardware (`Args`) and
+`launcher(__name__, ...)` with its SGLang kernels (`SGLangBackends`), where its packages come
+from (`Packages`) and its wandb project; the platform environment follows from the hardware
+(harness.platform), the placement from the cluster (harness.cluster_shape).
+tests/launchers/test_qwen3_4b_lora_twins.py holds the launchers to that.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from harness import HubDownload, LaunchContext, LauncherArgs, execute_train, recipe_config
+from harness import (
+    HubDownload,
+    LaunchContext,
+    Launcher,
+    LauncherArgs,
+    execute_train,
+    recipe_config,
+    recipe_launcher,
+    run_checkpoint,
+)
 from trainer.config import (
     AlgorithmConfig,
     BatchConfig,
-    CheckpointConfig,
     DataConfig,
     EvalConfig,
     LoraConfig,
@@ -101,20 +110,12 @@ def config(
 ) -> TrainConfig:
     """The recipe on `args`' directories and run id, with SGLang's `sglang` kernels and the
     platform's `packages`."""
-    data, run = args.data_dir, f"{args.output_dir}/{args.run_id}"
+    data = args.data_dir
     return TrainConfig(
-        checkpoint=CheckpointConfig(
-            hf_checkpoint=f"{args.model_dir}/{MODEL_REPO.split('/')[1]}",
-            load=f"{run}/checkpoints",
-            save=f"{run}/checkpoints",
-            save_interval=50,
-            output_dir=run,
-        ),
+        checkpoint=run_checkpoint(args, MODEL_REPO.split("/")[1], save_interval=50),
         lora=LORA,
         data=DataConfig(
             prompt_data=f"{data}/dapo-math-17k/dapo-math-17k.jsonl",
-            input_key="prompt",
-            label_key="label",
             apply_chat_template=True,
             rollout_shuffle=True,
         ),
@@ -144,6 +145,32 @@ def config(
             require_capability=(*SGLANG_NEEDS, packages.torch_build),
             constraints=packages.constraints,
         ),
+    )
+
+
+def launcher(
+    module: str,
+    *,
+    args: type[LauncherArgs],
+    sglang: SGLangBackends,
+    packages: Packages,
+    wandb_project: str,
+    recorded_hardware: str,
+    evidence: str,
+) -> Launcher:
+    """The launcher of this recipe that `module` (its ``__name__``) declares: its `args` (their
+    ``--hardware`` the platform's), SGLang's `sglang` kernels there, where its `packages` come
+    from, its wandb project, what its snapshots represent and what has shown it works (the
+    support matrix's cell)."""
+    choices = {"sglang": sglang, "packages": packages, "wandb_project": wandb_project}
+    return recipe_launcher(
+        module,
+        args=args,
+        config=functools.partial(config, **choices),
+        prepare=prepare,
+        train=train,
+        recorded_hardware=recorded_hardware,
+        evidence=evidence,
     )
 
 

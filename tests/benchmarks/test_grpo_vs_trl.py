@@ -132,6 +132,11 @@ def test_phase_medians(bench):
     assert bench.phase_medians(times) == [("rollout", 3.0), ("train", 2.0)]
 
 
+def vllm_settings(config) -> tuple[bool, str, bool]:
+    """How a TRL config generates: with vLLM, in which mode, put to sleep while training."""
+    return config.use_vllm, config.vllm_mode, config.vllm_enable_sleep_mode
+
+
 def tiny_spec(bench, work, **changes):
     values = {
         "work": str(work), "device": "cpu", "tiny": True, "prompts": 8, "samples": 8,
@@ -146,11 +151,7 @@ def test_trl_vllm_config_generates_with_colocated_vllm_and_ignores_eos(bench, tm
     spec = tiny_spec(bench, tmp_path)
     config = bench.trl_config(spec, steps=3, kind="trl-vllm")
     eos = bench.build_tokenizer(spec, eos=True).eos_token_id
-    assert (config.use_vllm, config.vllm_mode, config.vllm_enable_sleep_mode) == (
-        True,
-        "colocate",
-        True,
-    )
+    assert vllm_settings(config) == (True, "colocate", True)
     assert config.vllm_gpu_memory_utilization == 0.3  # TRL's default
     assert config.generation_kwargs == {"min_tokens": 32, "stop_token_ids": [eos]}
     baseline = bench.trl_config(spec, steps=3, kind="trl")
@@ -545,11 +546,7 @@ def test_unsloth_generates_with_its_own_vllm_and_trls_workload(bench, tmp_path):
     spec = tiny_spec(bench, tmp_path)
     config = bench.trl_config(spec, steps=3, kind="unsloth")
     eos = bench.build_tokenizer(spec, eos=True).eos_token_id
-    assert (config.use_vllm, config.vllm_mode, config.vllm_enable_sleep_mode) == (
-        True,
-        "colocate",
-        False,
-    )
+    assert vllm_settings(config) == (True, "colocate", False)
     assert config.generation_kwargs == {"min_tokens": 32, "stop_token_ids": [eos]}
     baseline = bench.trl_config(spec, steps=3, kind="trl")
     same = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps")

@@ -322,3 +322,18 @@ def test_the_slurm_script_passes_the_bundle_on_and_its_launches_accept_it(tmp_pa
     assert f"--model-dir {root}/models --data-dir {root}/datasets --from-bundle {root}" in train
     passed_on = cpu.LAUNCHER.args(model_dir=f"{root}/models", from_bundle=root)
     assert resolve_args(passed_on, local_host()).model_dir == f"{root}/models"
+
+
+def test_a_rayjob_from_a_bundle_on_a_claim_reads_it_with_the_hub_offline():
+    import yaml
+
+    from harness.steps import WriteFile
+
+    args = cpu.LAUNCHER.args(
+        from_bundle="/mnt/b", output_dir="/mnt/out", image="registry.example.com/g:1", pvc="d:/mnt"
+    )
+    (write,) = build_plan(cpu.LAUNCHER, "rayjob", args).steps
+    assert isinstance(write, WriteFile)
+    spec = yaml.safe_load(write.content)["spec"]
+    assert OFFLINE_ENV.items() <= yaml.safe_load(spec["runtimeEnvYAML"])["env_vars"].items()
+    assert "--hf-checkpoint /mnt/b/models/tiny-qwen3" in spec["entrypoint"]

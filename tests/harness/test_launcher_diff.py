@@ -81,6 +81,13 @@ def test_no_change_exits_0(repo: Path) -> None:
     assert len(_worktrees(repo)) == 1
 
 
+# (recording, step) of every train.py a launcher runs or writes a manifest of
+JOBS = [
+    *((name, "ray_job_submit") for name in ("train", "full_train", "train_2_nodes")),
+    *((name, "rayjob") for name in ("rayjob", "rayjob_2_nodes")),
+]
+
+
 def test_one_lora_default_is_exactly_one_flag_change(repo: Path) -> None:
     old, new = _quadruple_lora_rank(repo)
     text = _diff(repo, "--base", "HEAD")
@@ -91,18 +98,18 @@ def test_one_lora_default_is_exactly_one_flag_change(repo: Path) -> None:
         "Launcher changes against HEAD:\n"
         + "".join(
             f"{LAUNCHER} {entrypoint}:\n"
-            "  ray_job_submit python3 train.py:\n"
+            f"  {step} python3 train.py:\n"
             f"    flag changed: --lora-rank: {old} -> {new}\n"
-            for entrypoint in ("train", "full_train", "train_2_nodes")
+            for entrypoint, step in JOBS
         )
     )
 
     assert markdown.returncode == 1, markdown.stderr
     rows = [line for line in markdown.stdout.splitlines() if line.startswith("| `")]
-    row = (
-        f"| `ray_job_submit python3 train.py` | flag changed | `--lora-rank` | `{old}` | `{new}` |"
-    )
-    assert rows == [row, row, row]
+    assert rows == [
+        f"| `{step} python3 train.py` | flag changed | `--lora-rank` | `{old}` | `{new}` |"
+        for _, step in JOBS
+    ]
     assert f"**`{LAUNCHER}` · `train`**" in markdown.stdout
     assert len(_worktrees(repo)) == 1
 

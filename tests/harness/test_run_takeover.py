@@ -53,6 +53,7 @@ def recorder(ran: list[Step]):
 
 @pytest.mark.ray
 @pytest.mark.timeout(180)
+@pytest.mark.usefixtures("cpu_launcher_slot")  # it holds the CPU launcher's slot
 def test_the_token_never_reaches_a_port_taken_between_the_claim_and_ray_start(tmp_path, capsys):
     """Another user binds the job server's port once the claim has checked it and before
     ``ray start``: Ray's dashboard cannot start (``ray start`` still exits 0), the launcher
@@ -170,6 +171,7 @@ def test_two_launches_at_the_same_moment_one_runs_one_is_refused(tmp_path):
     assert "is starting or in progress" in refused and "Traceback" not in refused
 
 
+@pytest.mark.usefixtures("cpu_launcher_slot")  # it holds the CPU launcher's slot
 def test_one_output_dir_is_written_by_one_launch_at_a_time(tmp_path, capsys):
     """The same run id from another checkout (another launcher, another slot) would write
     the same output dir: refused by name before any step."""
@@ -191,6 +193,7 @@ def test_a_step_killed_by_a_signal_exits_as_a_shell_would_and_names_it(capsys):
     assert "error: sh was killed by SIGTERM" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("cpu_launcher_slot")  # it holds the CPU launcher's slot
 def test_inputs_train_py_would_refuse_stop_the_launch_before_the_claim(tmp_path, capsys):
     """No model yet (``train`` before ``prepare``): one line and exit 2 before any Ray."""
     ran: list[Step] = []

@@ -24,7 +24,8 @@ CASES = [
     for launcher in LAUNCHERS
     for name in launcher.entrypoint_names
     for variant in VARIANTS
-    if not (name == "worker" and "ray_address" in VARIANTS[variant])  # a worker starts Ray
+    # a worker starts Ray, a rayjob has KubeRay start one
+    if not (name in ("worker", "rayjob") and "ray_address" in VARIANTS[variant])
 ]
 
 
@@ -32,6 +33,7 @@ def variant_args(launcher: Launcher, variant: str) -> LauncherArgs:
     known = {f.name for f in dataclasses.fields(launcher.args)}
     values = {k: v for k, v in VARIANTS[variant].items() if k in known}
     values.setdefault("head_address", "10.0.0.1")  # what a worker needs
+    values.setdefault("image", "registry.example.com/grpo-lora:1")  # what a rayjob needs
     if launcher.recorded_hardware == "CPU":
         values.pop("num_gpus_per_node", None)
     return launcher.args(**values)

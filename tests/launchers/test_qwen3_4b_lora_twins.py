@@ -59,7 +59,8 @@ def _rocm_removed(*steps: str) -> set[Change]:
 def _expected_train_changes(nodes: int = 1) -> set[Change]:
     flags = {
         "--wandb-project": tuple(
-            mod.config(mod.LAUNCHER.args(run_id="r")).wandb.wandb_project for mod in (amd, cuda)
+            mod.LAUNCHER.config(mod.LAUNCHER.args(run_id="r")).wandb.wandb_project
+            for mod in (amd, cuda)
         ),
         "--sglang-lora-backend": (amd.SGLANG.lora, cuda.SGLANG.lora),
         "--sglang-attention-backend": (amd.SGLANG.attention, cuda.SGLANG.attention),
@@ -96,6 +97,7 @@ def differences() -> dict[str, set[Change]]:
 def test_recordings_differ_only_in_platform_choices(differences: dict[str, set[Change]]) -> None:
     train = _expected_train_changes()
     sbatch = differences.pop("sbatch_2_nodes")
+    rayjobs = [differences.pop(name) for name in ("rayjob", "rayjob_2_nodes")]
     assert differences == {
         "prepare": {HARDWARE},
         "train": train,
@@ -108,6 +110,42 @@ def test_recordings_differ_only_in_platform_choices(differences: dict[str, set[C
     (content,) = sbatch - {HARDWARE}  # the script names its launcher module, nothing else
     assert content.name == "content"
     assert content.old.replace("launchers.amd.", "launchers.") == content.new
+    assert rayjobs == [_expected_rayjob_changes(nodes) for nodes in (1, 2)]
+
+
+def _expected_rayjob_changes(nodes: int) -> set[Change]:
+    """The manifest's: the job's flags and ROCm environment as in `train`, the launcher file it
+    names, and in each pod the ROCm environment and the GPUs' resource name."""
+    train = _expected_train_changes(nodes)
+    changes = {HARDWARE}
+    changes |= {
+        dataclasses.replace(c, step=RAYJOB) for c in train if c.what == "flag" and c.step == JOB
+    }
+    changes |= {dataclasses.replace(c, step=RAYJOB) for c in _rocm_removed(JOB)}
+    changes.add(Change("setting", "changed", LAUNCHER_ANNOTATION, *_launcher_files(), RAYJOB))
+    pods = [f"{SPEC}.headGroupSpec.template.spec.containers[ray-head]"]
+    if nodes > 1:
+        pods.append(f"{SPEC}.workerGroupSpecs[workers].template.spec.containers[ray-worker]")
+    for pod in pods:
+        for name, value in ROCM_DEFAULTS.items():
+            for key, old in (("name", name), ("value", value)):
+                changes.add(
+                    Change("setting", "removed", f"{pod}.env[{name}].{key}", old, None, RAYJOB)
+                )
+        for kind in ("limits", "requests"):
+            gpus = f"{pod}.resources.{kind}"
+            changes.add(Change("setting", "removed", f"{gpus}.amd.com/gpu", "8", None, RAYJOB))
+            changes.add(Change("setting", "added", f"{gpus}.nvidia.com/gpu", None, "8", RAYJOB))
+    return changes
+
+
+RAYJOB = "rayjob python3 train.py"
+SPEC = "spec.rayClusterSpec"
+LAUNCHER_ANNOTATION = "metadata.annotations.grpo-lora/launcher"
+
+
+def _launcher_files() -> tuple[str, str]:
+    return tuple(f"{mod.LAUNCHER.path}.py" for mod in (amd, cuda))  # type: ignore[return-value]
 
 
 def test_the_platforms_pick_different_sglang_backends() -> None:

@@ -39,8 +39,9 @@ def test_known_launchers_are_discovered():
     modules = {launcher.module for launcher in LAUNCHERS}
     assert {"launchers.amd.run_qwen3_4b_lora", "launchers.cpu.run_tiny_qwen3_lora"} <= modules
     amd = next(lau for lau in LAUNCHERS if lau.module == "launchers.amd.run_qwen3_4b_lora")
-    assert amd.entrypoint_names == ("prepare", "train", "full_train", "worker", "sbatch")
-    assert {"train_2_nodes", "worker_2_nodes", "sbatch_2_nodes"} <= set(amd.recordings)
+    assert amd.entrypoint_names == ("prepare", "train", "full_train", "worker", "sbatch", "rayjob")
+    two_nodes = {"train_2_nodes", "worker_2_nodes", "sbatch_2_nodes", "rayjob_2_nodes"}
+    assert two_nodes | {"rayjob"} <= set(amd.recordings)
     assert amd.recorded_hardware == "MI355X"
 
 

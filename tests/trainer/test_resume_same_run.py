@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.manual.resume_run import ROLLOUTS, recipe
 from tests.support.private_ray import PrivateRay
 from trainer import tiny
 from trainer.run import checkpoint, tensor_state
@@ -31,26 +32,13 @@ from trainer.run.metrics import METRICS_FILE, read_metrics
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLLOUTS = 6
-SAVE_INTERVAL = 2
 
 
 def command(model: Path, data: Path, run: Path) -> list[str]:
-    save = run / "ckpt"
-    return [
-        sys.executable, "train.py",
-        "--hf-checkpoint", str(model), "--prompt-data", str(data / "train.jsonl"),
-        "--apply-chat-template", "--rollout-shuffle", "--rm-type", "tiny",
-        "--num-rollout", str(ROLLOUTS), "--rollout-batch-size", "4",
-        "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
-        "--global-batch-size", "8", "--micro-batch-size", "4", "--lr", "1e-2",
-        "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--min-lr", "1e-3",
-        "--lora-rank", "4", "--lora-alpha", "8", "--device", "cpu",
-        "--actor-num-gpus-per-node", "2", "--rollout-num-gpus-per-engine", "2", "--colocate",
-        "--eval-prompt-data", "tiny", str(data / "eval.jsonl"), "--eval-interval", "3",
-        "--save", str(save), "--load", str(save), "--save-interval", str(SAVE_INTERVAL),
-        "--output-dir", str(run / "out"), "--seed", "0", "--check-adapter-sync",
-    ]  # fmt: skip
+    """The recipe of the GPU test (`tests.manual.resume_run`) through train.py and Ray: two
+    training ranks and two engines, colocated."""
+    placement = ["--actor-num-gpus-per-node", "2", "--rollout-num-gpus-per-engine", "2"]
+    return [sys.executable, "train.py", *recipe(model, data, run, "cpu"), *placement, "--colocate"]
 
 
 class Runs:
