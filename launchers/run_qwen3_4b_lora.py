@@ -23,6 +23,11 @@ from launchers.recipes import qwen3_4b as recipe
 # (sgl-project/sglang#10286). Both are values of SGLang's ServerArgs choices
 # (https://docs.sglang.io/advanced_features/lora.html).
 SGLANG = recipe.SGLangBackends(attention="flashinfer", lora="csgmv")
+# The rollout and trainer environments of docs/backends.md (PyPI's torch 2.11.0 is a CUDA build).
+PACKAGES = recipe.Packages(
+    constraints=("constraints/cuda-sglang.txt", "constraints/cuda-megatron.txt"),
+    torch_build="torch.version.cuda",
+)
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ LAUNCHER = recipe.launcher(
     __name__,
     args=Args,
     sglang=SGLANG,
+    packages=PACKAGES,
     wandb_project="qwen3-4b-lora-cuda",
     recorded_hardware="H200",
     evidence=(

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from trainer.backends import registry
+from trainer.backends.capabilities import CATALOGUE
 from trainer.config import TrainConfig
 from trainer.config.flags import (
     add_group,
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     backends = {
         "train_backend": tuple(registry.TRAIN_BACKENDS),
         "rollout_backend": tuple(registry.ROLLOUT_BACKENDS),
+        "require_capability": tuple(CATALOGUE),
     }
     for group in _GROUPS.values():
         add_group(parser, group, choices=backends)

@@ -21,6 +21,8 @@ from launchers.recipes import qwen3_4b as recipe
 
 # ROCm has none of SGLang's CUDA-only backends: Triton for attention and for LoRA.
 SGLANG = recipe.SGLangBackends(attention="triton", lora="triton")
+# torch, SGLang and Megatron come from AMD's ROCm image; the project pins what it adds on top.
+PACKAGES = recipe.Packages(constraints=("constraints/rocm.txt",), torch_build="torch.version.hip")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ LAUNCHER = recipe.launcher(
     __name__,
     args=Args,
     sglang=SGLANG,
+    packages=PACKAGES,
     wandb_project="qwen3-4b-lora-amd",
     recorded_hardware="MI355X",
     evidence=(

@@ -2,10 +2,12 @@
 
 Everything but the platform is said here, once, as a training config: LoRA, rollout shape,
 engines, eval, optimizer, GRPO, data and checkpoints (`config`), what `prepare` downloads, and
-the job's environment (`train`). A platform's launcher file declares its hardware (`Args`) and
-`launcher(__name__, ...)` with its SGLang kernels (`SGLangBackends`) and wandb project; the
-platform environment follows from the hardware (harness.platform), the placement from the
-cluster (harness.cluster_shape). tests/test_qwen3_4b_lora_twins.py holds the launchers to that.
+the job's environment (`train`), and what it needs of SGLang before Ray starts
+(`SGLANG_NEEDS`). A platform's launcher file declares its hardware (`Args`) and
+`launcher(__name__, ...)` with its SGLang kernels (`SGLangBackends`), where its packages come
+from (`Packages`) and its wandb project; the platform environment follows from the hardware
+(harness.platform), the placement from the cluster (harness.cluster_shape).
+tests/test_qwen3_4b_lora_twins.py holds the launchers to that.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from trainer.config import (
     MegatronConfig,
     OptimizerConfig,
     PlacementConfig,
+    PreflightConfig,
     RewardConfig,
     RolloutConfig,
     SGLangConfig,
@@ -50,6 +53,26 @@ class SGLangBackends:
 
     attention: str
     lora: str
+
+
+@dataclass(frozen=True)
+class Packages:
+    """Where one platform's packages come from: its pinned sets (``--constraints``, relative to
+    the checkout) and the torch build its GPUs need (a capability: ``torch.version.cuda`` or
+    ``torch.version.hip``)."""
+
+    constraints: tuple[str, ...]
+    torch_build: str
+
+
+# What the recipe needs of SGLang beyond its backend's own, checked before Ray starts: each
+# adapter handed over from memory as one flattened bucket (SGLang 0.5.17), which the colocated
+# step time of docs/performance.md was measured with. An image whose SGLang predates it is
+# refused in one line instead of slowing down, or dying at its first weight update.
+SGLANG_NEEDS = (
+    "sglang.Engine.load_lora_adapter_from_tensors",
+    "sglang.srt.weight_sync.tensor_bucket.FlattenedTensorMetadata",
+)
 
 
 # The recipe's blocks that no launch option changes (any of them: --set NAME=VALUE).
@@ -82,8 +105,11 @@ MEGATRON = MegatronConfig(
 )
 
 
-def config(args: LauncherArgs, *, sglang: SGLangBackends, wandb_project: str) -> TrainConfig:
-    """The recipe on `args`' directories and run id, with SGLang's `sglang` kernels."""
+def config(
+    args: LauncherArgs, *, sglang: SGLangBackends, packages: Packages, wandb_project: str
+) -> TrainConfig:
+    """The recipe on `args`' directories and run id, with SGLang's `sglang` kernels and the
+    platform's `packages`."""
     data = args.data_dir
     return TrainConfig(
         checkpoint=run_checkpoint(args, MODEL_REPO.split("/")[1], save_interval=50),
@@ -115,6 +141,10 @@ def config(args: LauncherArgs, *, sglang: SGLangBackends, wandb_project: str) ->
             sglang_lora_backend=sglang.lora,
             sglang_attention_backend=sglang.attention,
         ),
+        preflight=PreflightConfig(
+            require_capability=(*SGLANG_NEEDS, packages.torch_build),
+            constraints=packages.constraints,
+        ),
     )
 
 
@@ -123,17 +153,21 @@ def launcher(
     *,
     args: type[LauncherArgs],
     sglang: SGLangBackends,
+    packages: Packages,
     wandb_project: str,
     recorded_hardware: str,
     evidence: str,
 ) -> Launcher:
     """The launcher of this recipe that `module` (its ``__name__``) declares: its `args` (their
-    ``--hardware`` the platform's), SGLang's `sglang` kernels there, its wandb project, what its
-    snapshots represent and what has shown it works (the support matrix's cell)."""
+    ``--hardware`` the platform's), SGLang's `sglang` kernels there, its `packages`, its wandb
+    project, what its snapshots represent and what has shown it works (the support matrix's
+    cell)."""
     return recipe_launcher(
         module,
         args=args,
-        config=functools.partial(config, sglang=sglang, wandb_project=wandb_project),
+        config=functools.partial(
+            config, sglang=sglang, packages=packages, wandb_project=wandb_project
+        ),
         prepare=prepare,
         train=train,
         recorded_hardware=recorded_hardware,

@@ -1,8 +1,9 @@
 """The AMD and CUDA Qwen3-4B LoRA launchers share one recipe: they differ only in platform choices.
 
-Allowed differences: the recorded hardware, SGLang's attention and LoRA backends, the platform
-environment of harness.platform (on ray start and in the job) and the wandb project, which names
-the platform so that each platform's runs stay comparable with each other.
+Allowed differences: the recorded hardware, SGLang's attention and LoRA backends, where the
+packages come from (the constraints files and the torch build the preflight requires), the
+platform environment of harness.platform (on ray start and in the job) and the wandb project,
+which names the platform so that each platform's runs stay comparable with each other.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from harness.record import record
 from harness.run_tag import RunTag
 from launchers import run_qwen3_4b_lora as cuda
 from launchers.amd import run_qwen3_4b_lora as amd
+from launchers.recipes.qwen3_4b import SGLANG_NEEDS
 
 JOB = "ray_job_submit python3 train.py"
 PLATFORM_FIELDS = {"hardware", "wandb_project"}
@@ -62,6 +64,10 @@ def _expected_train_changes(nodes: int = 1) -> set[Change]:
         ),
         "--sglang-lora-backend": (amd.SGLANG.lora, cuda.SGLANG.lora),
         "--sglang-attention-backend": (amd.SGLANG.attention, cuda.SGLANG.attention),
+        "--constraints": tuple(" ".join(mod.PACKAGES.constraints) for mod in (amd, cuda)),
+        "--require-capability": tuple(
+            " ".join((*SGLANG_NEEDS, mod.PACKAGES.torch_build)) for mod in (amd, cuda)
+        ),
     }
     changes = {HARDWARE}
     changes |= {Change("flag", "changed", name, *values, JOB) for name, values in flags.items()}
@@ -145,6 +151,13 @@ def _launcher_files() -> tuple[str, str]:
 def test_the_platforms_pick_different_sglang_backends() -> None:
     assert (amd.SGLANG.attention, amd.SGLANG.lora) == ("triton", "triton")
     assert (cuda.SGLANG.attention, cuda.SGLANG.lora) == ("flashinfer", "csgmv")
+
+
+def test_the_platforms_need_their_own_torch_build() -> None:
+    assert (amd.PACKAGES.torch_build, cuda.PACKAGES.torch_build) == (
+        "torch.version.hip",
+        "torch.version.cuda",
+    )
 
 
 def test_the_recipe_options_are_the_same() -> None:

@@ -3,9 +3,11 @@
 A `BackendSpec` says everything the rest of the project knows about a backend without importing
 it: its ``--train-backend`` / ``--rollout-backend`` name, its display name (docs, the support
 matrix), the module of its factory, the packages and modules it needs and whether it runs on GPUs
-only (`trainer.job.preflight` checks them at job start), the config group of the flags only it reads
-(`trainer.config`), its checks of the config when selected and of the checkpoint before launch
-(`trainer.job.main`), and, for a trainer, whether its LoRA adapts fused projections.
+only (`trainer.job.preflight` checks them at job start), the capabilities it cannot run without
+(`trainer.backends.capabilities`, checked with the input before Ray starts), the config group
+of the flags only it reads (`trainer.config`), its checks of the config when selected and of the
+checkpoint before launch (`trainer.job.main`), and, for a trainer, whether its LoRA adapts fused
+projections.
 ``trainer.arguments`` takes the flags' choices and the backends' checks from here; the config
 package sits below and never imports a backend.
 
@@ -65,6 +67,8 @@ class BackendSpec:
     # the first problem of the checkpoint for this backend, found before launch (reads its files)
     input_check: Callable[[TrainConfig], str | None] | None = None
     fused_lora: bool = False  # a trainer whose adapters span fused projections (q/k/v, gate/up)
+    # what it cannot run without, by name (`trainer.backends.capabilities.CATALOGUE`)
+    capabilities: tuple[str, ...] = ()
 
 
 TRAIN_BACKENDS: dict[str, BackendSpec] = {
@@ -78,6 +82,7 @@ TRAIN_BACKENDS: dict[str, BackendSpec] = {
         needs_gpu=True,
         flags="megatron",
         fused_lora=True,
+        capabilities=("megatron.bridge.peft.lora.LoRA", "transformer_engine.pytorch"),
     ),
     "torch": BackendSpec(
         "torch",
@@ -86,6 +91,7 @@ TRAIN_BACKENDS: dict[str, BackendSpec] = {
         packages=("torch", "transformers", "peft"),
         flags="torch",
         input_check=_lazy("trainer.backends.torch.targets:problem"),
+        capabilities=("peft.LoraConfig",),
     ),
 }
 ROLLOUT_BACKENDS: dict[str, BackendSpec] = {
@@ -103,6 +109,7 @@ ROLLOUT_BACKENDS: dict[str, BackendSpec] = {
         "transformers `generate`",
         "trainer.backends.torch.rollout",
         packages=("torch", "transformers", "peft"),
+        capabilities=("peft.get_peft_model",),
     ),
 }
 

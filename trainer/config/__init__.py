@@ -10,6 +10,7 @@ from trainer.config.megatron import MegatronConfig
 from trainer.config.misc import MiscConfig
 from trainer.config.optimizer import OptimizerConfig
 from trainer.config.placement import PlacementConfig
+from trainer.config.preflight import PreflightConfig
 from trainer.config.rollout import RolloutConfig
 from trainer.config.sglang import SGLangConfig
 from trainer.config.torch_trainer import TorchConfig
@@ -19,6 +20,6 @@ from trainer.config.wandb import WandbConfig
 __all__ = [
     "AlgorithmConfig", "BatchConfig", "CheckpointConfig", "DataConfig", "EvalConfig",
     "LoraConfig", "MegatronConfig", "MiscConfig", "OptimizerConfig", "PlacementConfig",
-    "RewardConfig", "RolloutConfig", "SGLangConfig", "TorchConfig", "TrainConfig",
-    "WandbConfig",
+    "PreflightConfig", "RewardConfig", "RolloutConfig", "SGLangConfig", "TorchConfig",
+    "TrainConfig", "WandbConfig",
 ]  # fmt: skip

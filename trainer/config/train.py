@@ -28,6 +28,7 @@ from trainer.config.megatron import MegatronConfig
 from trainer.config.misc import MiscConfig
 from trainer.config.optimizer import OptimizerConfig
 from trainer.config.placement import PlacementConfig
+from trainer.config.preflight import PreflightConfig
 from trainer.config.rollout import RolloutConfig
 from trainer.config.sglang import SGLangConfig
 from trainer.config.torch_trainer import TorchConfig
@@ -53,6 +54,7 @@ class TrainConfig:
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
     misc: MiscConfig = field(default_factory=MiscConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
 
     def groups(self) -> Iterator[Any]:
         return (getattr(self, group.name) for group in dataclasses.fields(self))

@@ -1,11 +1,11 @@
 """``python3 train.py <argv>``: parse, check inputs, run the GRPO loop on Ray, summarise.
 
-Everything that can be wrong with the input (argv, the model directory and its tokenizer and
-chat template, the LoRA targets against the model, the prompt files and their lengths against
-the model's context, the ``--load`` checkpoint against this run, the output directories and
-who may change them) is checked before Ray starts (`check_inputs`): one line on stderr, exit
-2, nothing started or created. A checkpoint that cannot be written later (a full disk) is one
-line and exit 1.
+Everything that can be wrong with the input (argv, what the backends need of this Python's
+packages, the model directory and its tokenizer and chat template, the LoRA targets against the
+model, the prompt files and their lengths against the model's context, the ``--load``
+checkpoint against this run, the output directories and who may change them) is checked before
+Ray starts (`check_inputs`): one line on stderr, exit 2, nothing started or created. A
+checkpoint that cannot be written later (a full disk) is one line and exit 1.
 Launched by ``ray job submit`` (``RAY_ADDRESS`` set) the job joins that cluster; run directly it
 starts a private local Ray instance for its own lifetime.
 """
@@ -88,13 +88,15 @@ def check_chat_template(tokenizer: Any, model: str, data: DataConfig) -> None:
 
 
 def check_inputs(config: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
-    """Check everything the run reads and writes, before Ray starts; returns the tokenizer,
-    the rollout source and the eval sets. Raises `UsageError` or `CheckpointError`.
+    """Check everything the run reads and writes, then what this Python offers its backends
+    (`trainer.job.capabilities`: one line each), before Ray starts; returns the tokenizer, the
+    rollout source and the eval sets. Raises `UsageError` or `CheckpointError`.
 
     Nothing is created or changed: the output directories are made when the run starts. A
     resume from another checkpoint than ``latest`` names, or a torn last metrics line, is
     noted on stdout."""
     from trainer.backends import registry
+    from trainer.job import capabilities
     from trainer.run import checkpoint, file_checks
     from trainer.run.data import eval_sets, rollout_source
     from trainer.run.metrics import METRICS_FILE, torn_tail
@@ -129,6 +131,7 @@ def check_inputs(config: TrainConfig) -> tuple[Any, Any, dict[str, Any]]:
             raise checkpoint.CheckpointError(problem)
         if note := torn_tail(Path(paths.output_dir) / METRICS_FILE):
             print(f"{PROG}: {note}", flush=True)
+    capabilities.check(config)
     return tokenizer, source, evals
 
 

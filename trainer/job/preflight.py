@@ -44,7 +44,8 @@ class Environment:
     visible: Mapping[str, str | None]  # VISIBLE_VARS -> value (None: unset)
 
 
-def _version(distribution: str) -> str | None:
+def installed_version(distribution: str) -> str | None:
+    """The version of `distribution` installed in this Python, or None."""
     for name in _DISTRIBUTION_ALIASES.get(distribution, (distribution,)):
         try:
             return importlib.metadata.version(name)
@@ -58,7 +59,7 @@ def probe(environ: Mapping[str, str] | None = None) -> Environment:
     environ = os.environ if environ is None else environ
     specs = (*registry.TRAIN_BACKENDS.values(), *registry.ROLLOUT_BACKENDS.values())
     wanted = {d for spec in specs for d in spec.packages} | set(REPORTED)
-    versions = {name: _version(name) for name in sorted(wanted)}
+    versions = {name: installed_version(name) for name in sorted(wanted)}
     modules = {m: importlib.util.find_spec(m) is not None for spec in specs for m in spec.modules}
     runtime, hip, devices = None, False, ()
     if versions["torch"] is not None:
