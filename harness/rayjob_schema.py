@@ -142,9 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
             print(f"{path}: cannot be read as YAML: {' '.join(str(err).split())}", file=sys.stderr)
             return 2
-        for problem in problems(manifest):
+        found = problems(manifest)
+        for problem in found:
             print(f"{path}: {problem}", file=sys.stderr)
-            status = 1
+        if not found:
+            print(f"{path}: valid against KubeRay {KUBERAY_VERSION}'s RayJob schema")
+        status = max(status, int(bool(found)))
     return status
 
 

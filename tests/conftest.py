@@ -12,6 +12,27 @@ from harness.snapshot import LauncherSnapshotExtension, missing_snapshot
 from tests.support.private_ray import PrivateRay
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The manual GPU tests' split runs (tests/manual/test_cuda_production.py): a job longer than
+    one sitting runs as two commands, its first run and then its resume, in a folder kept
+    between them."""
+    group = parser.getgroup("gpu runs")
+    group.addoption(
+        "--gpu-run-dir",
+        default=None,
+        metavar="DIR",
+        help="production GPU tests: their model, data, outputs and logs in DIR (kept), not a "
+        "temporary folder",
+    )
+    group.addoption(
+        "--gpu-run-phase",
+        choices=("whole", "first", "resume"),
+        default="whole",
+        help="production GPU tests: the whole job (default), only its first run up to the "
+        "interrupt, or only the resume of that run and the checks (both need --gpu-run-dir)",
+    )
+
+
 @pytest.fixture
 def launcher_snapshot(snapshot, request):
     """The stored snapshot of a recording name (plain text under tests/snapshots/), via syrupy.

@@ -159,14 +159,15 @@ def launcher(
     evidence: str,
 ) -> Launcher:
     """The launcher of this recipe that `module` (its ``__name__``) declares: its `args` (their
-    ``--hardware`` the platform's), SGLang's `sglang` kernels there, where its `packages` come
-    from, its wandb project, what its snapshots represent and what has shown it works (the
-    support matrix's cell)."""
-    choices = {"sglang": sglang, "packages": packages, "wandb_project": wandb_project}
+    ``--hardware`` the platform's), SGLang's `sglang` kernels there, its `packages`, its wandb
+    project, what its snapshots represent and what has shown it works (the support matrix's
+    cell)."""
     return recipe_launcher(
         module,
         args=args,
-        config=functools.partial(config, **choices),
+        config=functools.partial(
+            config, sglang=sglang, packages=packages, wandb_project=wandb_project
+        ),
         prepare=prepare,
         train=train,
         recorded_hardware=recorded_hardware,

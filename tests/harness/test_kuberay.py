@@ -245,6 +245,7 @@ def test_the_schema_check_on_the_command_line(tmp_path):
     check = [sys.executable, "-m", "harness.rayjob_schema", "check"]
     done = subprocess.run([*check, str(good)], capture_output=True, text=True, check=False)
     assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"{good}: valid against KubeRay v1.7.0's RayJob schema\n"
     done = subprocess.run([*check, str(bad)], capture_output=True, text=True, check=False)
     assert done.returncode == 1
     assert done.stderr == f'{bad}: unknown field "spec.shutdownAfterJobFinish"\n'

@@ -98,6 +98,7 @@ def test_train_places_its_ranks_on_the_cluster_it_starts_and_waits_for(launcher)
         assert value("--device") == "cpu" and value("--num-gpus-per-node") is None
 
 
+@pytest.mark.usefixtures("cpu_launcher_slot")  # a worker claims the CPU launcher's slot
 def test_a_worker_that_cannot_reach_the_head_ends_in_one_line_within_its_timeout(tmp_path):
     argv = [
         sys.executable, "-m", "launchers.cpu.run_tiny_qwen3_lora", "worker",

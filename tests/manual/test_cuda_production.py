@@ -24,6 +24,15 @@ response is that long), for 2 rollouts; reports peak device memory and the step 
 
     pytest -m cuda_gpu tests/manual/test_cuda_production.py -s -k "megatron and cuda-recipe"
 
+A job longer than one sitting (a node lent for 10 minutes at a time) runs as two commands on
+one kept folder: the first run up to its interrupt, then the resume and the checks. The seed-size
+run splits the same way, after its first rollout's checkpoint:
+
+    pytest -m cuda_gpu tests/manual/test_cuda_production.py -s -k merged \
+        --gpu-run-dir ~/gpu-runs --gpu-run-phase first
+    pytest -m cuda_gpu tests/manual/test_cuda_production.py -s -k merged \
+        --gpu-run-dir ~/gpu-runs --gpu-run-phase resume
+
 Output streams as the run goes (`tests/manual/live_run.py`); each run has a time budget and a
 failure says what it was waiting for. `test_data_parallel_on_two_gpus` runs the job with two
 training ranks (NCCL) and two colocated engines on a node with two or more GPUs.
@@ -42,13 +51,14 @@ import statistics
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from harness.hardware import match_hardware
 from harness.host import CHECKOUT, detect_gpus
-from tests.manual.live_run import as_settings, run_streaming
+from tests.manual.live_run import Finished, as_settings, run_streaming
 from trainer.run import adapter_check, checkpoint
 from trainer.run.metrics import METRICS_FILE, read_metrics
 
@@ -63,6 +73,23 @@ SWAPS = (
 )  # fmt: skip
 DECODE_GRAPHS = ("--sglang-cuda-graph-max-bs-decode", "64")  # 8 prompts x 8 samples
 BREAKDOWN = ("rollout", "logprobs", "train", "export_adapter", "load_adapter", *SWAPS, "step")
+
+
+@dataclass(frozen=True)
+class RunPlace:
+    """Where a production job runs (``--gpu-run-dir``, else the test's temporary folder) and
+    which part of it this command runs (``--gpu-run-phase``: whole, first or resume)."""
+
+    folder: Path
+    phase: str
+
+
+@pytest.fixture
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> RunPlace:
+    folder, phase = (request.config.getoption(f"--gpu-run-{name}") for name in ("dir", "phase"))
+    if phase != "whole" and folder is None:
+        pytest.fail(f"--gpu-run-phase {phase} needs --gpu-run-dir DIR (the same DIR for both)")
+    return RunPlace(Path(folder).expanduser().resolve() if folder else tmp_path, phase)
 
 
 def _micro_batches(train_backend: str, gpus: int) -> list[str]:
@@ -155,8 +182,51 @@ def _step_split(records: list[dict]) -> dict[str, float]:
     }
 
 
+def _interrupted_run(
+    place: RunPlace, command: list[str], run_id: str, *, rollouts: int, at: int
+) -> int:
+    """The job's first run, interrupted (as Ctrl-C) once its checkpoint of rollout `at` is on
+    disk; returns the iteration it holds. With ``--gpu-run-phase resume``, the checkpoint that
+    the earlier command's first run left."""
+    saved = place.folder / "outputs" / run_id / "checkpoints"
+    if place.phase == "resume":
+        if (killed_at := checkpoint.latest_iteration(saved)) is None:
+            pytest.fail(f"no checkpoint in {saved}: run --gpu-run-phase first with this DIR")
+        return killed_at
+    if saved.parent.exists():
+        pytest.fail(f"{saved.parent} holds an earlier run: remove it or name another DIR")
+    first = run_streaming(
+        command, label=f"{run_id} (first run)", budget_s=1200, cwd=CHECKOUT, env=_env(),
+        log=place.folder / f"{run_id}.log",
+        interrupt_when=lambda: (checkpoint.latest_iteration(saved) or 0) >= at,
+    )  # fmt: skip
+    assert first.interrupted, f"the first run ended ({first.returncode}) before its checkpoint"
+    assert first.returncode == 130, first.output[-3000:]
+    killed_at = checkpoint.latest_iteration(saved)
+    assert killed_at is not None and killed_at < rollouts
+    if place.phase == "first":
+        print(f"FIRST RUN interrupted at checkpoint {killed_at} of {rollouts}; resume it with "
+              f"--gpu-run-phase resume --gpu-run-dir {place.folder}", flush=True)  # fmt: skip
+    return killed_at
+
+
+def _resumed_run(
+    place: RunPlace, command: list[str], run_id: str, killed_at: int, *, rollouts: int
+) -> Finished:
+    """The same launch again: it resumes from the checkpoint of rollout `killed_at` and ends."""
+    saved = place.folder / "outputs" / run_id / "checkpoints"
+    second = run_streaming(
+        command, label=f"{run_id} (resumed)", budget_s=1200, cwd=CHECKOUT, env=_env(),
+        log=place.folder / f"{run_id}.log",
+    )  # fmt: skip
+    assert second.returncode == 0, second.output[-3000:]
+    resumed = f"resumed from {checkpoint.iter_dir(saved, killed_at)}"
+    assert f"{resumed} (next rollout {killed_at + 1}/{rollouts})" in second.output
+    return second
+
+
 def _run_job(
-    tmp_path: Path,
+    place: RunPlace,
     hardware: str,
     *,
     gpus: int,
@@ -166,17 +236,19 @@ def _run_job(
     serving: str = "adapter",
 ) -> tuple[list[dict], dict]:
     """The launcher's live train on `gpus` GPUs, interrupted after its first checkpoint and
-    resumed; returns the metrics and a report. `serving`: ``--lora-serving``; merged, the
-    trainer's policy is the bf16-merged one, which PEFT applying the saved adapter unmerged
-    matches only up to that rounding (docs/lora.md): reported, not asserted."""
+    resumed; returns the metrics and a report (nothing after ``--gpu-run-phase first``).
+    `serving`: ``--lora-serving``; merged, the trainer's policy is the bf16-merged one, which
+    PEFT applying the saved adapter unmerged matches only up to that rounding (docs/lora.md):
+    reported, not asserted."""
     from trainer import tiny
 
-    model = tmp_path / "models" / "qwen3-0.6b-tiny-task"
+    folder = place.folder
+    model = folder / "models" / "qwen3-0.6b-tiny-task"
     if not model.is_dir():
-        tiny.build(model, tmp_path / "data", seed=0, shape="qwen3-0.6b", device="cuda")
+        tiny.build(model, folder / "data", seed=0, shape="qwen3-0.6b", device="cuda")
     attention, lora = BACKENDS[backends]
     extra = [
-        "--prompt-data", str(tmp_path / "data" / "train.jsonl"), "--rm-type", "tiny",
+        "--prompt-data", str(folder / "data" / "train.jsonl"), "--rm-type", "tiny",
         "--train-backend", train_backend, "--sglang-attention-backend", attention,
         "--sglang-lora-backend", lora, "--check-adapter-sync", "--lora-serving", serving,
         # A short run: no prefill CUDA graphs (80 s of capture at start-up on an H200), and
@@ -190,31 +262,15 @@ def _run_job(
         "--rollout-max-response-len", "64", "--lr", "1e-4",
     ]  # fmt: skip
     command = _launcher_command(
-        tmp_path, hardware, model, gpus=gpus, run_id=run_id, launcher_flags=flags, extra=extra
+        folder, hardware, model, gpus=gpus, run_id=run_id, launcher_flags=flags, extra=extra
     )
-    run_dir = tmp_path / "outputs" / run_id
+    run_dir = folder / "outputs" / run_id
     saved = run_dir / "checkpoints"
-
-    def checkpointed() -> bool:
-        return (checkpoint.latest_iteration(saved) or 0) >= SAVE_INTERVAL
-
-    log = tmp_path / f"{run_id}.log"
-    first = run_streaming(
-        command, label=f"{run_id} (first run)", budget_s=1200, cwd=CHECKOUT, env=_env(),
-        log=log, interrupt_when=checkpointed,
-    )  # fmt: skip
-    assert first.interrupted, f"the first run ended ({first.returncode}) before its checkpoint"
-    assert first.returncode == 130, first.output[-3000:]
-    killed_at = checkpoint.latest_iteration(saved)
-    assert killed_at is not None and killed_at < rollouts
-
-    second = run_streaming(
-        command, label=f"{run_id} (resumed)", budget_s=1200, cwd=CHECKOUT, env=_env(), log=log
-    )
-    assert second.returncode == 0, second.output[-3000:]
+    killed_at = _interrupted_run(place, command, run_id, rollouts=rollouts, at=SAVE_INTERVAL)
+    if place.phase == "first":
+        return [], {}
+    second = _resumed_run(place, command, run_id, killed_at, rollouts=rollouts)
     assert f"{gpus} training rank(s), {gpus} sglang engine(s), colocated" in second.output
-    resumed = f"resumed from {checkpoint.iter_dir(saved, killed_at)}"
-    assert f"{resumed} (next rollout {killed_at + 1}/{rollouts})" in second.output
 
     records = read_metrics(run_dir / METRICS_FILE)
     assert [r["step"] for r in records] == list(range(rollouts))  # none lost, none repeated
@@ -257,17 +313,17 @@ def _run_job(
 @pytest.mark.timeout(3000)
 @pytest.mark.parametrize("backends", list(BACKENDS))
 @pytest.mark.parametrize("train_backend", TRAINERS)
-def test_production_job_on_one_gpu(tmp_path: Path, train_backend: str, backends: str) -> None:
+def test_production_job_on_one_gpu(place: RunPlace, train_backend: str, backends: str) -> None:
     hardware = _skip_without_production_stack(1, train_backend)
     _run_job(
-        tmp_path, hardware, gpus=1, train_backend=train_backend, backends=backends,
+        place, hardware, gpus=1, train_backend=train_backend, backends=backends,
         rollouts=ROLLOUTS,
     )  # fmt: skip
 
 
 @pytest.mark.cuda_gpu
 @pytest.mark.timeout(3000)
-def test_production_job_serving_merged_weights(tmp_path: Path) -> None:
+def test_production_job_serving_merged_weights(place: RunPlace) -> None:
     """The same job with ``--lora-serving merged`` (PyTorch/PEFT trainer, the CUDA recipe's
     FlashInfer attention, as the benchmark runs it): SGLang without LoRA, each update merged
     into the base's linear weights in the engine's actor and sent over CUDA IPC, the trainer
@@ -276,7 +332,7 @@ def test_production_job_serving_merged_weights(tmp_path: Path) -> None:
     merged policy by the bf16 rounding)."""
     hardware = _skip_without_production_stack(1, "torch")
     _run_job(
-        tmp_path, hardware, gpus=1, train_backend="torch", backends="cuda-recipe",
+        place, hardware, gpus=1, train_backend="torch", backends="cuda-recipe",
         rollouts=ROLLOUTS, serving="merged",
     )  # fmt: skip
 
@@ -297,31 +353,42 @@ SEED_SIZE_TRAINING = {
 @pytest.mark.cuda_gpu
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("train_backend", TRAINERS)
-def test_seed_recipe_at_qwen3_4b_size(tmp_path: Path, train_backend: str) -> None:
+def test_seed_recipe_at_qwen3_4b_size(place: RunPlace, train_backend: str) -> None:
     from trainer import tiny
 
     hardware = _skip_without_production_stack(1, train_backend)
-    model = tmp_path / "models" / "qwen3-4b-random"
-    tiny.build(model, tmp_path / "data", seed=0, shape="qwen3-4b", device="cuda")
+    folder = place.folder
+    model = folder / "models" / "qwen3-4b-random"
+    if not model.is_dir():
+        tiny.build(model, folder / "data", seed=0, shape="qwen3-4b", device="cuda")
     extra = [
-        "--prompt-data", str(tmp_path / "data" / "train.jsonl"),
+        "--prompt-data", str(folder / "data" / "train.jsonl"),
         "--custom-rm-path", "trainer.tiny.length_parity", "--train-backend", train_backend,
         "--sglang-attention-backend", "triton", "--sglang-lora-backend", "triton",
         # Two rollouts: capturing prefill CUDA graphs costs more than it saves.
         "--sglang-disable-prefill-cuda-graph", *DECODE_GRAPHS, *SEED_SIZE_TRAINING[train_backend],
     ]  # fmt: skip
     run_id = f"seed-size-{train_backend}"
+    # A checkpoint after each rollout: split in two commands, the second resumes from the first.
     command = _launcher_command(
-        tmp_path, hardware, model, gpus=1, run_id=run_id,
-        launcher_flags=["--num-rollout", "2", "--save-interval", "2"], extra=extra,
+        folder, hardware, model, gpus=1, run_id=run_id,
+        launcher_flags=["--num-rollout", "2", "--save-interval", "1"], extra=extra,
     )  # fmt: skip
     with PeakGpuMemory() as memory:
-        done = run_streaming(
-            command, label=run_id, budget_s=3000, cwd=CHECKOUT, env=_env(),
-            log=tmp_path / f"{run_id}.log",
-        )  # fmt: skip
-    assert done.returncode == 0, done.output[-3000:]
-    records = read_metrics(tmp_path / "outputs" / run_id / METRICS_FILE)
+        if place.phase == "whole":
+            done = run_streaming(
+                command, label=run_id, budget_s=3000, cwd=CHECKOUT, env=_env(),
+                log=folder / f"{run_id}.log",
+            )  # fmt: skip
+            assert done.returncode == 0, done.output[-3000:]
+        else:
+            killed_at = _interrupted_run(place, command, run_id, rollouts=2, at=1)
+            if place.phase == "resume":
+                _resumed_run(place, command, run_id, killed_at, rollouts=2)
+    print(f"PEAK {memory.peak_mib / 1024:.1f} GiB of device memory ({place.phase})", flush=True)
+    if place.phase == "first":
+        return
+    records = read_metrics(folder / "outputs" / run_id / METRICS_FILE)
     assert len(records) == 2
     report = {
         "train_backend": train_backend,
@@ -347,11 +414,12 @@ def test_data_parallel_on_two_gpus(tmp_path: Path) -> None:
     """Two ranks over NCCL and two engines against the same job on one GPU: the same global
     batch, so the ideal step time halves (efficiency = one-GPU step / (2 x two-GPU step))."""
     hardware = _skip_without_production_stack(2, "torch")
+    place = RunPlace(tmp_path, "whole")  # two jobs side by side: not split
     _, one = _run_job(
-        tmp_path, hardware, gpus=1, train_backend="torch", backends="amd-triton", rollouts=6
+        place, hardware, gpus=1, train_backend="torch", backends="amd-triton", rollouts=6
     )
     _, two = _run_job(
-        tmp_path, hardware, gpus=2, train_backend="torch", backends="amd-triton", rollouts=6
+        place, hardware, gpus=2, train_backend="torch", backends="amd-triton", rollouts=6
     )
     single, double = one["median_s"]["step"], two["median_s"]["step"]
     print(
