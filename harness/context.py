@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.secrets import is_secret, secrets_in
+from harness.bundle_manifest import bundle_dirs
 from harness.cluster_shape import ClusterShape
 from harness.errors import LaunchError
 from harness.hardware import Hardware, get_hardware, match_hardware
 from harness.host import HostView, record_host
 from harness.launcher import Launcher, LauncherArgs, path_fields
 from harness.steps import RayJobSubmit, Shell, Step, train_py_argv
+from trainer.config.flags import option
 
 
 @dataclass
@@ -127,14 +129,34 @@ class Plan:
 
 
 def resolve_args(args: LauncherArgs, host: HostView) -> LauncherArgs:
-    """Absolute paths on `host`, a run id and, in a Slurm allocation, its node count and head
-    node (`host` is the record host's frozen environment when recording: never Slurm's)."""
-    values = {name: host.path(getattr(args, name)) for name in path_fields(args)}
+    """Absolute paths on `host`, a run id, the model and data dirs of a ``--from-bundle`` and,
+    in a Slurm allocation, its node count and head node (`host` is the record host's frozen
+    environment when recording: never Slurm's)."""
+    values = {
+        name: host.path(value)
+        for name in path_fields(args)
+        if (value := getattr(args, name)) is not None
+    }
+    if bundle := values.get("from_bundle"):
+        values.update(_bundle_dirs(args, host, bundle))
     if args.num_nodes == 1 and (count := host.env.get("SLURM_JOB_NUM_NODES", "")).isdigit():
         values["num_nodes"] = int(count)
     if args.head_address is None and (nodelist := host.env.get("SLURM_JOB_NODELIST")):
         values["head_address"] = first_node(nodelist)
     return dataclasses.replace(args, run_id=args.run_id or host.run_id, **values)
+
+
+def _bundle_dirs(args: LauncherArgs, host: HostView, bundle: str) -> dict[str, str]:
+    """The bundle's model and data dirs; a ``--model-dir`` or ``--data-dir`` elsewhere is a
+    contradiction (the Slurm script passes the bundle's on, resolved)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    inside = bundle_dirs(bundle)
+    for name, folder in inside.items():
+        if host.path(getattr(args, name)) not in (host.path(defaults[name]), folder):
+            raise LaunchError(
+                f"--from-bundle reads the models and data sets in {bundle}; drop {option(name)}"
+            )
+    return inside
 
 
 def first_node(nodelist: str) -> str:

@@ -65,6 +65,13 @@ class LauncherArgs:
     )
     model_dir: str = arg("~/models", "directory of downloaded models", path=True)
     data_dir: str = arg("~/datasets", "directory of downloaded data sets", path=True)
+    from_bundle: str | None = arg(
+        None,
+        "a bundle of the recipe's models and data sets (python -m harness.bundle make; "
+        "docs/air-gapped.md): they are read there (DIR/models, DIR/datasets) with the Hub "
+        "offline, and prepare checks every file against its manifest instead of downloading",
+        path=True,
+    )
     output_dir: str = arg(
         "~/outputs", "run outputs; <output-dir>/<run-id> holds checkpoints and metrics", path=True
     )

@@ -1,10 +1,11 @@
 """Live mode: execute a validated plan's steps, each with its proper library.
 
-Hub downloads use ``huggingface_hub.snapshot_download`` (progress bars, resume); Ray starts
-through Ray's own CLI, and a run's processes are claimed and released by `harness.ownership`;
-jobs go through ``ray.job_submission.JobSubmissionClient``, whose logs are streamed and whose
-real exit status is returned. Subprocesses run with this interpreter's environment first on
-PATH, so the ``python3`` of a job resolves to it.
+Hub downloads use ``huggingface_hub.snapshot_download`` (progress bars, resume), a bundle is
+checked against its manifest (`harness.bundle_manifest`); Ray starts through Ray's own CLI,
+and a run's processes are claimed and released by `harness.ownership`; jobs go through
+``ray.job_submission.JobSubmissionClient``, whose logs are streamed and whose real exit status
+is returned. Subprocesses run with this interpreter's environment first on PATH, so the
+``python3`` of a job resolves to it.
 
 Every failure is one line and a non-zero exit; SIGTERM and SIGHUP are handled like Ctrl-C.
 Either way the Ray job is stopped and, when this plan started Ray, so is that Ray (and nothing
@@ -32,6 +33,7 @@ from typing import Any
 from common.owned_files import NotPrivate, owned_dir, write_atomic
 from common.secrets import is_secret, scrub
 from harness import ownership
+from harness.bundle_manifest import BundleError, verify
 from harness.context import Plan, check_local_inputs, local_output_dirs
 from harness.errors import LaunchError, Terminated
 from harness.lease import Lease
@@ -47,6 +49,7 @@ from harness.steps import (
     RayStop,
     Shell,
     Step,
+    VerifyBundle,
     VerifyRay,
     WaitForCluster,
     WaitForHead,
@@ -278,6 +281,16 @@ def _(step: HubDownload, env: Mapping[str, str]) -> None:
         )
     except Exception as err:  # the Hub raises many types; each is one failed download
         raise StepFailed(f"downloading {step.repo_id}: {err}") from err
+
+
+@run_step.register
+def _(step: VerifyBundle, env: Mapping[str, str]) -> None:
+    try:
+        manifest = verify(step.path, hashes=False)  # hashed as the plan was built
+    except BundleError as err:
+        raise StepFailed(str(err), 2) from None
+    count = sum(len(item["files"]) for item in manifest["items"])
+    _progress(f"bundle {step.path}: {count} files as its manifest says")
 
 
 @run_step.register

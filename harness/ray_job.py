@@ -42,6 +42,9 @@ FORWARDED_ENV = (
     "WANDB_ENTITY",
     "WANDB_BASE_URL",
 )
+# A run from a bundle (--from-bundle) reads its models and data sets there alone: the Hub's
+# clients must not reach for the network (an air-gapped node would wait on its timeouts).
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 LOCALHOST = "127.0.0.1"
 # Ray uploads the checkout as the job's working_dir; it honours .gitignore, not these.
 WORKING_DIR_EXCLUDES = (".git", ".venv")
@@ -153,8 +156,9 @@ def _job_env_vars(
     local_head: bool,
 ) -> dict[str, str]:
     """The job's environment, secrets included: the checkout on PYTHONPATH, the forwarded host
-    variables, the platform's, the wandb key where wandb logs, then the recipe's `job_env`
-    and the user's ``--extra-env`` and ``--pass-env`` (each wins over what comes before it)."""
+    variables, the platform's, the wandb key where wandb logs, the Hub offline for a run from a
+    bundle, then the recipe's `job_env` and the user's ``--extra-env`` and ``--pass-env`` (each
+    wins over what comes before it)."""
     host_env = ctx.host.env
     env_vars = {
         "PYTHONUNBUFFERED": "1",
@@ -166,6 +170,8 @@ def _job_env_vars(
     }
     if "--use-wandb" in argv and host_env.get("WANDB_API_KEY"):
         env_vars["WANDB_API_KEY"] = host_env["WANDB_API_KEY"]
+    if args.from_bundle is not None:
+        env_vars.update(OFFLINE_ENV)
     env_vars.update(job_env)
     env_vars.update(args.extra_env_vars)
     for name in args.pass_env_names:

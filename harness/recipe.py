@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from harness.bundle_launch import prepare_or_verify
 from harness.context import LaunchContext
 from harness.kuberay import write_rayjob
 from harness.launcher import Entrypoint, Launcher, LauncherArgs, multi_node_recordings
@@ -57,6 +58,7 @@ def recipe_launcher(
     """The launcher declared by `module` (its ``__name__``): it trains `config` of its `args`,
     with `prepare`, `train`, `full_train`, `worker`, `sbatch` and `rayjob`, recorded with
     default options and as a 2-node cluster (`multi_node_recordings`)."""
+    prepare = prepare_or_verify(prepare)  # --from-bundle: check the bundle instead
     return Launcher(
         module,
         args=args,

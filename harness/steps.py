@@ -420,6 +420,22 @@ class WriteFile(Step):
         )
 
 
+@dataclass(frozen=True)
+class VerifyBundle(Step):
+    """Check every file of the bundle at `path` against its manifest, size and sha256
+    (`harness.bundle_manifest.verify`): a missing or damaged one is one line, exit 2. Live,
+    the launch has hashed them all while it built its plan (`harness.bundle_launch`); the
+    step then checks that each is still there with its size, without hashing a model twice."""
+
+    kind: ClassVar[str] = "verify_bundle"
+    path: str
+    checkout: str
+
+    def commands(self) -> tuple[Command, ...]:
+        argv = ("python3", "-m", "harness.bundle", "verify", self.path)
+        return (Command(argv, cwd=self.checkout),)
+
+
 def train_py_argv(step: Step) -> tuple[str, ...] | None:
     """The argv after ``python3 train.py`` when `step` runs the trainer, else None."""
     argv = step.entrypoint if isinstance(step, RayJobSubmit) else None

@@ -7,7 +7,7 @@ the job's environment (`train`), and what it needs of SGLang before Ray starts
 `launcher(__name__, ...)` with its SGLang kernels (`SGLangBackends`), where its packages come
 from (`Packages`) and its wandb project; the platform environment follows from the hardware
 (harness.platform), the placement from the cluster (harness.cluster_shape).
-tests/test_qwen3_4b_lora_twins.py holds the launchers to that.
+tests/launchers/test_qwen3_4b_lora_twins.py holds the launchers to that.
 """
 
 from __future__ import annotations
