@@ -28,7 +28,7 @@ class PreflightConfig:
         nargs="+",
         metavar="FILE",
         help="the pinned sets (pip constraints, relative to the checkout) this run's packages "
-        "come from: a missing capability names the pin that has it",
+        "come from: a missing capability names the recipe's pin of its package",
     )
 
     def problems(self) -> Iterator[str]:

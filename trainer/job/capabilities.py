@@ -1,5 +1,5 @@
 """The capability check, with the input's, before Ray starts: one line per capability the run
-needs, or one line naming the first one missing and the pin that has it.
+needs, or one line naming the first one missing and the recipe's pin of its package.
 
 What a run needs: its backends' own capabilities (`BackendSpec.capabilities`) and the recipe's
 ``--require-capability`` of the backends it selects. Where each comes from: the pinned sets of
@@ -70,7 +70,7 @@ def check(config: TrainConfig, emit: Callable[[str], None] = print) -> None:
             continue
         where = f"{installed}: {why}" if version else why
         if pin := pinned.get(canonical(capability.distribution)):
-            remedy = f"{pin} has it"
+            remedy = f"install the recipe's pin, {pin}"
         elif constraints:
             files = ", ".join(constraints)
             remedy = f"no pin of {capability.distribution} in {files}: install one that has it"

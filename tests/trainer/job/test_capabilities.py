@@ -1,6 +1,6 @@
 """The capability check: what the backends need of this Python's packages (an import, an
 attribute, its signature), one line each before Ray starts, and one line naming the first one
-missing with the pin that has it.
+missing with the recipe's pin of its package.
 
 SGLang is not installed here: a stand-in ``sglang`` package (with its own dist-info, so that
 it has a version) is put on ``sys.path``, once as an old release without the flattened-bucket
@@ -105,7 +105,7 @@ def test_train_py_refuses_an_sglang_without_the_bucket_api_in_one_line_before_ra
     out, err = capsys.readouterr()
     assert err == (
         f"train.py: error: capability {ADAPTER}: missing (sglang 0.5.9: {ADAPTER} takes no "
-        "load_format); sglang==0.5.17 (constraints/cuda-sglang.txt) has it\n"
+        "load_format); install the recipe's pin, sglang==0.5.17 (constraints/cuda-sglang.txt)\n"
     )
     assert "capability peft.LoraConfig: ok (peft " in out  # the trainer's own need came first
     assert not (tmp_path / "out").exists()
@@ -177,7 +177,7 @@ def test_a_missing_build_names_the_pin_or_says_there_is_none() -> None:
         return str(err.value)
 
     assert refusal("constraints/cuda-sglang.txt").endswith(
-        "; torch==2.11.0 (constraints/cuda-sglang.txt) has it"
+        "; install the recipe's pin, torch==2.11.0 (constraints/cuda-sglang.txt)"
     )
     assert refusal().endswith("; install a torch that has it")
     assert refusal("constraints/rocm.txt").endswith(
