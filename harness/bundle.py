@@ -68,7 +68,8 @@ def make(launcher: Launcher, root: str, settings: Sequence[str], *, dry_run: boo
     made = [_make_item(step, item) for step, item in zip(plan.steps, items, strict=True)]
     manifest = write_manifest(Path(root), launcher.module, made)
     count = sum(len(item["files"]) for item in manifest["items"])
-    print(f"bundle {root}: {count} files of {len(made)} inputs, manifest {root}/{MANIFEST}")
+    inputs = f"{len(made)} input{'s' if len(made) != 1 else ''}"
+    print(f"bundle {root}: {count} files of {inputs}, manifest {root}/{MANIFEST}")
 
 
 def _make_item(step: Step, item: Item) -> Item:
