@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from common.secrets import is_secret
+from harness import pinned_sets
 from harness.cluster_shape import ClusterShape
 from harness.context import LaunchContext, check_train_argv
 from harness.errors import LaunchError
@@ -264,6 +265,8 @@ def rayjob_yaml(ctx: LaunchContext, args: LauncherArgs, manifest: Mapping[str, A
         f"The image holds this checkout at {args.image_checkout}; the model, data and output",
         "paths of the entrypoint are the pods' (mounted with --pvc, or in the image).",
     ]
+    argv = shlex.split(manifest["spec"]["entrypoint"])[2:]  # after python3 train.py
+    header += [f"Pinned set of its packages: {line}" for line in pinned_sets.described(argv)]
     if create := secret_command(manifest):
         header += ["Its secrets come from a Secret of yours, never from this file:", f"  {create}"]
     header.append("Then: kubectl apply -f rayjob.yaml")

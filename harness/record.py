@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.secrets import scrub, scrub_data
+from harness import pinned_sets
 from harness.context import Plan, build_plan
 from harness.launcher import Launcher, LauncherArgs
-from harness.steps import Step
+from harness.steps import Step, train_py_argv
 from trainer.config.flags import option
 
 
@@ -46,13 +47,17 @@ class Recording:
 
 
 def recording_of(plan: Plan, name: str | None = None, options: str = "") -> Recording:
-    """The plan as text: a header naming launcher, entrypoint (with `options`, if any) and
-    hardware, then one block per step."""
+    """The plan as text: a header naming launcher, entrypoint (with `options`, if any),
+    hardware and the pinned sets its trainer names (`harness.pinned_sets`), then one block per
+    step."""
     header = (
         f"# launcher: {plan.launcher.path}.py\n"
         f"# entrypoint: {plan.entrypoint}{' ' + options if options else ''}\n"
         f"# hardware: {plan.hardware.describe()}\n"
     )
+    argvs = [argv for step in plan.steps if (argv := train_py_argv(step)) is not None]
+    pinned = dict.fromkeys(line for argv in argvs for line in pinned_sets.described(argv))
+    header += "".join(f"# constraints: {line}\n" for line in pinned)
     blocks = [step.render() for step in plan.steps]
     text = scrub(header + "".join(f"\n{block}\n" for block in blocks), plan.secret_env)
     steps = tuple(step.redacted() for step in plan.steps)
