@@ -21,7 +21,6 @@ The manifest holds no secret: ``HF_TOKEN`` is read from the environment by huggi
 from __future__ import annotations
 
 import argparse
-import importlib
 import shlex
 import sys
 from collections.abc import Sequence
@@ -35,11 +34,13 @@ from harness.bundle_manifest import (
     BundleError,
     Item,
     bundle_dirs,
+    file_count,
     items_of,
     verify,
     write_manifest,
 )
 from harness.context import build_plan
+from harness.discovery import declared_launcher
 from harness.errors import LaunchError
 from harness.host import local_host
 from harness.launcher import Launcher
@@ -67,7 +68,7 @@ def make(launcher: Launcher, root: str, settings: Sequence[str], *, dry_run: boo
         raise BundleError(f"{root}: {err}") from None
     made = [_make_item(step, item) for step, item in zip(plan.steps, items, strict=True)]
     manifest = write_manifest(Path(root), launcher.module, made)
-    count = sum(len(item["files"]) for item in manifest["items"])
+    count = file_count(manifest)
     inputs = f"{len(made)} input{'s' if len(made) != 1 else ''}"
     print(f"bundle {root}: {count} files of {inputs}, manifest {root}/{MANIFEST}")
 
@@ -92,30 +93,16 @@ def _make_item(step: Step, item: Item) -> Item:
 def download(step: HubDownload) -> str:
     """Download `step`'s repository at its current commit (resuming what an earlier try left);
     returns that commit."""
-    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import HfApi
+
+    from harness.live import hub_download
 
     try:
         revision = HfApi().repo_info(step.repo_id, repo_type=step.repo_type).sha
-        snapshot_download(
-            repo_id=step.repo_id,
-            repo_type=step.repo_type,
-            revision=revision,
-            local_dir=step.local_dir,
-            allow_patterns=list(step.allow_patterns) or None,
-        )
+        hub_download(step, revision)
     except Exception as err:  # the Hub raises many types; each is one failed download
         raise BundleError(f"downloading {step.repo_id}: {first_line(err)}") from None
     return str(revision)
-
-
-def _launcher(module: str) -> Launcher:
-    try:
-        launcher = getattr(importlib.import_module(module), "LAUNCHER", None)
-    except ImportError as err:
-        raise BundleError(f"no launcher module {module} ({err})") from None
-    if not isinstance(launcher, Launcher):
-        raise BundleError(f"{module} declares no LAUNCHER")
-    return launcher
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def action() -> None:
         try:
-            make(_launcher(options.launcher), options.dir, options.set, dry_run=options.dry_run)
+            launcher = declared_launcher(options.launcher)
+            make(launcher, options.dir, options.set, dry_run=options.dry_run)
         except LaunchError as err:
             raise BundleError(str(err)) from None
 
@@ -150,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _verified(root: str) -> None:
     manifest = verify(root)
-    count = sum(len(item["files"]) for item in manifest["items"])
+    count = file_count(manifest)
     print(f"bundle {root}: {count} files as its manifest says ({manifest['launcher']})")
 
 

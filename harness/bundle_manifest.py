@@ -11,7 +11,6 @@ refused.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.digests import file_sha256
 from common.owned_files import write_atomic
 from harness.steps import HubDownload, Shell, Step
 
@@ -86,14 +86,6 @@ def _placeheld(token: str, root: str) -> str:
     return PLACEHOLDER + token[len(root.rstrip("/")) :] if _inside(token, root) else token
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for chunk in iter(lambda: file.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def files_under(root: Path, folder: str) -> list[str]:
     """Every file under `root`/`folder` (relative to `root`, sorted), huggingface_hub's resume
     state left out; a link is refused: a bundle carries files."""
@@ -120,14 +112,15 @@ def write_manifest(root: Path, launcher: str, items: Sequence[Item]) -> dict[str
         for folder in item.dirs:
             if not (paths := files_under(root, folder)):
                 raise BundleError(f"prepare made nothing in {root / folder}")
-            files += [
-                {"path": path, "size": (root / path).stat().st_size, "sha256": sha256(root / path)}
-                for path in paths
-            ]
+            files += [_entry(root, path) for path in paths]
         entries.append({"source": item.source, "dirs": list(item.dirs), "files": files})
     manifest = {"format": FORMAT, "launcher": launcher, "items": entries}
     write_atomic(root / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def _entry(root: Path, path: str) -> dict[str, Any]:
+    return {"path": path, "size": (root / path).stat().st_size, "sha256": file_sha256(root / path)}
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -191,7 +184,7 @@ def verify(root: str | Path, *, hashes: bool = True) -> dict[str, Any]:
                     f"bundle {root}: {entry['path']} is damaged ({size} bytes, the manifest "
                     f"says {entry['size']}); {again}"
                 )
-            if hashes and sha256(path) != entry["sha256"]:
+            if hashes and file_sha256(path) != entry["sha256"]:
                 raise BundleError(
                     f"bundle {root}: {entry['path']} is damaged (its sha256 is not the "
                     f"manifest's); {again}"
@@ -200,6 +193,10 @@ def verify(root: str | Path, *, hashes: bool = True) -> dict[str, Any]:
             if extra := next((p for p in files_under(root, folder) if p not in listed), None):
                 raise BundleError(f"bundle {root}: {extra} is not in its manifest; remove it")
     return manifest
+
+
+def file_count(manifest: dict[str, Any]) -> int:
+    return sum(len(item["files"]) for item in manifest["items"])
 
 
 def check_holds(manifest: dict[str, Any], expected: Sequence[Item]) -> None:

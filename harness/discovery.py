@@ -24,10 +24,19 @@ def discover_launchers(package: str = PACKAGE, root: str = CHECKOUT) -> list[Lau
     for path in sorted((Path(root) / package).rglob(PATTERN)):
         relative = path.relative_to(root)
         name = ".".join(relative.with_suffix("").parts)
-        launcher = getattr(importlib.import_module(name), "LAUNCHER", None)
-        if not isinstance(launcher, Launcher):
-            raise LaunchError(f"{relative} declares no LAUNCHER = Launcher(...)")
+        launcher = declared_launcher(name, where=str(relative))
         if launcher.module != name:
             raise LaunchError(f"{relative}: its LAUNCHER is declared in {launcher.module}")
         found.append(launcher)
     return sorted(found, key=lambda launcher: launcher.module)
+
+
+def declared_launcher(module: str, *, where: str | None = None) -> Launcher:
+    """The ``LAUNCHER`` that `module` declares (`where` names it in an error: its file)."""
+    try:
+        launcher = getattr(importlib.import_module(module), "LAUNCHER", None)
+    except ImportError as err:
+        raise LaunchError(f"no launcher module {module} ({err})") from None
+    if not isinstance(launcher, Launcher):
+        raise LaunchError(f"{where or module} declares no LAUNCHER = Launcher(...)")
+    return launcher

@@ -33,7 +33,7 @@ from typing import Any
 from common.owned_files import NotPrivate, owned_dir, write_atomic
 from common.secrets import is_secret, scrub
 from harness import ownership
-from harness.bundle_manifest import BundleError, verify
+from harness.bundle_manifest import BundleError, file_count, verify
 from harness.context import Plan, check_local_inputs, local_output_dirs
 from harness.errors import LaunchError, Terminated
 from harness.lease import Lease
@@ -268,17 +268,24 @@ def run_step(step: Step, env: Mapping[str, str]) -> None:
     raise TypeError(f"no live runner for {type(step).__name__}")
 
 
-@run_step.register
-def _(step: HubDownload, env: Mapping[str, str]) -> None:
+def hub_download(step: HubDownload, revision: str | None = None) -> None:
+    """`step`'s repository, at `revision` (default: its newest commit), into its folder; what an
+    earlier try left is resumed."""
     from huggingface_hub import snapshot_download
 
+    snapshot_download(
+        repo_id=step.repo_id,
+        repo_type=step.repo_type,
+        revision=revision,
+        local_dir=step.local_dir,
+        allow_patterns=list(step.allow_patterns) or None,
+    )
+
+
+@run_step.register
+def _(step: HubDownload, env: Mapping[str, str]) -> None:
     try:
-        snapshot_download(
-            repo_id=step.repo_id,
-            repo_type=step.repo_type,
-            local_dir=step.local_dir,
-            allow_patterns=list(step.allow_patterns) or None,
-        )
+        hub_download(step)
     except Exception as err:  # the Hub raises many types; each is one failed download
         raise StepFailed(f"downloading {step.repo_id}: {err}") from err
 
@@ -289,7 +296,7 @@ def _(step: VerifyBundle, env: Mapping[str, str]) -> None:
         manifest = verify(step.path, hashes=False)  # hashed as the plan was built
     except BundleError as err:
         raise StepFailed(str(err), 2) from None
-    count = sum(len(item["files"]) for item in manifest["items"])
+    count = file_count(manifest)
     _progress(f"bundle {step.path}: {count} files as its manifest says")
 
 

@@ -8,10 +8,10 @@ already depends on; the digest does not depend on the host.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
+from common.digests import file_sha256
 from harness.host import CHECKOUT
 
 FLAG = "--constraints"
@@ -32,7 +32,7 @@ def described(argv: Sequence[str], checkout: str | Path = CHECKOUT) -> list[str]
     lines = []
     for path in named(argv):
         try:
-            digest = hashlib.sha256((Path(checkout) / path).read_bytes()).hexdigest()
+            digest = file_sha256(Path(checkout) / path)
         except OSError:
             lines.append(f"{path} (not in the checkout)")
             continue

@@ -3,11 +3,12 @@ write the manifest that `install` checks them against. Standard library only."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from common.digests import file_sha256
 
 MIB = 2**20
 MANIFEST = "manifest.json"
@@ -16,14 +17,6 @@ MANIFEST_FORMAT = 1
 
 class WheelhouseError(Exception):
     """A problem worth one line to the user (exit status 2)."""
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(MIB), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def part_name(wheel: str, index: int) -> str:
@@ -83,7 +76,7 @@ def write_batches(
     by_name = {w.name: w for w in wheels}
     batches = plan({name: path.stat().st_size for name, path in by_name.items()}, limit)
     entries: dict[str, dict] = {
-        name: {"sha256": sha256(path), "size": path.stat().st_size, "batch": None, "parts": []}
+        name: {"sha256": file_sha256(path), "size": path.stat().st_size, "batch": None, "parts": []}
         | (notes or {}).get(name, {})
         for name, path in sorted(by_name.items())
     }

@@ -12,8 +12,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common.digests import file_sha256
 from common.owned_files import NotPrivate, owned_dir, write_atomic
-from wheelhouse.batches import MANIFEST, MANIFEST_FORMAT, WheelhouseError, sha256
+from wheelhouse.batches import MANIFEST, MANIFEST_FORMAT, WheelhouseError
 from wheelhouse.merge import merge_into
 
 
@@ -146,7 +147,7 @@ def assemble(manifest: dict, folders: list[Path], work: Path) -> list[Path]:
                     out.write(where[part["file"]].read_bytes())
         else:
             path = where[wheel]
-        if path.stat().st_size != entry["size"] or sha256(path) != entry["sha256"]:
+        if path.stat().st_size != entry["size"] or file_sha256(path) != entry["sha256"]:
             raise WheelhouseError(f"checksum mismatch: {wheel} (damaged in transit? copy again)")
         wheels.append(path)
     return wheels

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from wheelhouse.batches import WheelhouseError, sha256
+from common.digests import file_sha256
+from wheelhouse.batches import WheelhouseError
 from wheelhouse.names import normalize
 from wheelhouse.slim import record_hash
 from wheelhouse.target import same_public_version
@@ -84,7 +85,7 @@ def fetch(
     except (OSError, ValueError, KeyError) as err:
         raise WheelhouseError(f"cannot fetch the sdist of {name}=={version}: {err}") from None
     expected = entry.get("hashes", {}).get("sha256")
-    if expected and sha256(target) != expected:
+    if expected and file_sha256(target) != expected:
         raise WheelhouseError(f"checksum mismatch: {entry['filename']} from {page}")
     return target
 

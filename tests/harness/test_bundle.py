@@ -152,6 +152,17 @@ def test_verify_on_the_command_line_is_one_line_and_exit_2(tmp_path, capsys):
     assert line.startswith("python -m harness.bundle: error: bundle ")
 
 
+def test_make_for_a_module_without_a_launcher_is_one_line_and_exit_2(tmp_path, capsys):
+    for module, says in (
+        ("launchers.run_nothing", "no launcher module launchers.run_nothing"),
+        ("harness.bundle", "harness.bundle declares no LAUNCHER"),
+    ):
+        assert main(["make", module, str(tmp_path / "b")]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"python -m harness.bundle: error: {says}"), line
+    assert not (tmp_path / "b").exists()
+
+
 def test_prepare_from_a_bundle_checks_it_and_fetches_nothing(tmp_path, capsys):
     root = cpu_bundle(tmp_path / "b")
     status, _, err = launch(capsys, "prepare", "--from-bundle", str(root))

@@ -180,12 +180,14 @@ def test_hub_download_uses_snapshot_download(monkeypatch):
         {
             "repo_id": "zhuzilin/aime-2024",
             "repo_type": "dataset",
+            "revision": None,
             "local_dir": "/d/aime",
             "allow_patterns": ["*.jsonl"],
         },
         {
             "repo_id": "Qwen/Qwen3-4B",
             "repo_type": "model",
+            "revision": None,
             "local_dir": "/m/q",
             "allow_patterns": None,
         },

@@ -10,9 +10,11 @@ run in; train.py runs it again on the node where the job landed, before ``ray.in
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from trainer.backends import registry
 from trainer.backends.capabilities import CATALOGUE, Capability, missing
@@ -21,7 +23,6 @@ from trainer.errors import UsageError
 from trainer.job.preflight import installed_version
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # --constraints paths are relative to it
-_PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;#]+)")
 
 
 def needed(config: TrainConfig) -> list[Capability]:
@@ -35,12 +36,6 @@ def needed(config: TrainConfig) -> list[Capability]:
     return [c for c in wanted if c.backend is None or c.backend in chosen]
 
 
-def canonical(distribution: str) -> str:
-    """A distribution's normalized name (PEP 503): ``Transformer_Engine`` is
-    ``transformer-engine``."""
-    return re.sub(r"[-_.]+", "-", distribution).lower()
-
-
 def pins(paths: Iterable[str], root: Path = CHECKOUT) -> dict[str, str]:
     """``name==version (FILE)`` of each distribution the constraints files pin (the first
     file pinning one wins), by canonical name."""
@@ -51,10 +46,21 @@ def pins(paths: Iterable[str], root: Path = CHECKOUT) -> dict[str, str]:
         except OSError as err:
             raise UsageError(f"--constraints {path}: {err.strerror or err}") from None
         for line in text.splitlines():
-            if match := _PIN.match(line):
-                name, _, version = match.groups()
-                found.setdefault(canonical(name), f"{name}=={version} ({path})")
+            if pin := _pin(line):
+                name, version = pin
+                found.setdefault(canonicalize_name(name), f"{name}=={version} ({path})")
     return found
+
+
+def _pin(line: str) -> tuple[str, str] | None:
+    """The name and version a constraints line pins with ``==``; None for other lines."""
+    text = line.split("#", 1)[0].strip()
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement:  # blank, a pip option (-c, --index-url), an URL
+        return None
+    versions = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+    return (requirement.name, versions[0]) if versions else None
 
 
 def check(config: TrainConfig, emit: Callable[[str], None] = print) -> None:
@@ -69,7 +75,7 @@ def check(config: TrainConfig, emit: Callable[[str], None] = print) -> None:
             emit(f"capability {capability.name}: ok ({installed})")
             continue
         where = f"{installed}: {why}" if version else why
-        if pin := pinned.get(canonical(capability.distribution)):
+        if pin := pinned.get(canonicalize_name(capability.distribution)):
             remedy = f"install the recipe's pin, {pin}"
         elif constraints:
             files = ", ".join(constraints)

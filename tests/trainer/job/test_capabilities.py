@@ -200,3 +200,18 @@ def test_every_backends_need_is_in_the_catalogue_under_its_backend() -> None:
     for spec in (*registry.TRAIN_BACKENDS.values(), *registry.ROLLOUT_BACKENDS.values()):
         for name in spec.capabilities:
             assert CATALOGUE[name].backend in (spec.name, None), name
+
+
+def test_pins_are_the_exact_versions_of_a_constraints_file_by_normalized_name(tmp_path) -> None:
+    (tmp_path / "c.txt").write_text(
+        "# a comment naming torch==9.9\n"
+        "--index-url https://example.org/simple\n"
+        "Transformer_Engine[core_cu13]==2.20.2 ; python_version >= '3.10'  # the core\n"
+        "sglang>=0.5\n"
+        "torch==2.11.0\n"
+    )
+    (tmp_path / "d.txt").write_text("torch==2.13.0\n")
+    assert capabilities.pins(["c.txt", "d.txt"], root=tmp_path) == {
+        "transformer-engine": "Transformer_Engine==2.20.2 (c.txt)",
+        "torch": "torch==2.11.0 (c.txt)",  # the first file pinning it wins
+    }
