@@ -39,9 +39,11 @@ text's length).
   from_pretrained(..., load_in_4bit=False, fast_inference=True, max_lora_rank=64)` (vLLM in the
   worker's process at Unsloth's `gpu_memory_utilization` 0.5), `FastLanguageModel.get_peft_model`
   (r 64, alpha 32, the seven projections), then TRL's GRPOTrainer as importing Unsloth patches it
-  (TRL 1.15: Unsloth allows <= 1.15.0), with trl-vllm's config less sleep mode: vLLM serves the
-  adapter on the training model's own base weights (no merge), which Unsloth loads into vLLM
-  before each generation (its `load_lora` phase). Gradient checkpointing is Unsloth's own
+  (TRL 1.15: Unsloth allows <= 1.15.0), with trl-vllm's config less sleep mode: vLLM shares
+  the training model's base weights, into which Unsloth folds the adapter in place before each
+  generation and unfolds it after (its "merged-weight rollouts", as its log showed on an H100);
+  its `load_lora` phase times `model.load_lora`; the fold and unfold count in that phase or in
+  the generation, wherever Unsloth runs them. Gradient checkpointing is Unsloth's own
   ("unsloth", offloaded) where `--gradient-checkpointing` asks for it, else off.
 * *verl* (CUDA only, `--one-at-a-time` only): verl 0.9.1's GRPO with LoRA from its default
   `ppo_trainer` config on one GPU: FSDP actor, vLLM 0.24 in server mode serving the adapter
@@ -91,6 +93,7 @@ import math
 import multiprocessing
 import os
 import random
+import re
 import shlex
 import statistics
 import sys
@@ -889,6 +892,37 @@ class Worker:
 # ---------------------------------------------------------------------------- report
 
 
+# HBM bandwidth (TB/s, the data sheets') of the accelerators the decode bound knows, by a pattern
+# of the name torch reports ("NVIDIA H100 80GB HBM3", "AMD Instinct MI300X"); first match wins:
+# the PCIe and NVL H100s differ from the SXM one.
+HBM_TBPS = (
+    ("H100 PCIe", 2.0),
+    ("H100 NVL", 3.9),
+    ("H100", 3.35),
+    ("H200", 4.8),
+    ("B200", 8.0),
+    ("MI300X", 5.3),
+    ("MI325X", 6.0),
+    ("MI35[05]X", 8.0),
+)
+
+
+def device_hbm_tbps(device_name: str) -> float | None:
+    """The HBM bandwidth of the accelerator torch names `device_name`, None if unknown."""
+    return next((tbps for pattern, tbps in HBM_TBPS if re.search(pattern, device_name)), None)
+
+
+def bound_bandwidth(given: float | None, device_name: str) -> tuple[float | None, str]:
+    """The bandwidth the decode bound uses (`given`, ``--hbm-tbps``, else the device's) and
+    where it comes from, for the report."""
+    if given is not None:
+        return given, f"{given} TB/s (--hbm-tbps)"
+    found = device_hbm_tbps(device_name)
+    if found is None:
+        return None, f"unknown for {device_name}: pass --hbm-tbps"
+    return found, f"{found} TB/s ({device_name})"
+
+
 def decode_bound(spec: Spec, hbm_tbps: float, params: int, lora_params: int) -> float:
     """Tokens/s the decode of one rollout cannot exceed at `hbm_tbps`: every decode step reads
     all weights (bf16) and LoRA weights once, and each sequence's KV cache so far."""
@@ -924,11 +958,14 @@ def phase_medians(times: list[dict[str, Any]]) -> list[tuple[str, float]]:
     ]
 
 
-def machine(spec: Spec) -> str:
+def device_name(spec: Spec) -> str:
     import torch
 
-    name = torch.cuda.get_device_name(0) if spec.device.startswith("cuda") else "CPU"
-    return f"{name}, {os.cpu_count()} cores"
+    return torch.cuda.get_device_name(0) if spec.device.startswith("cuda") else "CPU"
+
+
+def machine(spec: Spec) -> str:
+    return f"{device_name(spec)}, {os.cpu_count()} cores"
 
 
 def completed(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -970,9 +1007,10 @@ def count_params(spec: Spec) -> tuple[int, int]:
 
 
 def report(
-    spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float, *, alone: bool = False
+    spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float | None, *, alone: bool = False
 ) -> None:
-    """Print the run's table; `alone`: each system ran by itself (`--one-at-a-time`)."""
+    """Print the run's table; `alone`: each system ran by itself (`--one-at-a-time`);
+    `hbm_tbps`: ``--hbm-tbps``, else the device's own (`device_hbm_tbps`)."""
     cuda = spec.device.startswith("cuda")
     done = completed(results)
     per_process = all(r["per_process"] for r in done.values())
@@ -1034,13 +1072,17 @@ def report(
     for name, ratio in ratios(results).items():
         print(f"ratio ({name} median / ours median): {ratio:.2f}x")
     if not spec.tiny:
+        bandwidth, source = bound_bandwidth(hbm_tbps, device_name(spec))
+        if bandwidth is None:
+            print(f"roofline: no decode bound, the HBM bandwidth is {source}")
+            return
         base, lora = count_params(spec)
-        bound = decode_bound(spec, hbm_tbps, base, lora)
+        bound = decode_bound(spec, bandwidth, base, lora)
         for name, r in done.items():
             measured = r["summary"]["rollout_tps"]
             print(
                 f"roofline {name}: rollout {measured:.0f} tok/s vs HBM bound {bound:.0f} tok/s "
-                f"at {hbm_tbps} TB/s (weights {2 * (base + lora) / GIB:.2f} GiB + KV per decode "
+                f"at {source} (weights {2 * (base + lora) / GIB:.2f} GiB + KV per decode "
                 f"step) = {measured / bound:.1%}"
             )
 
@@ -1162,7 +1204,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         help="GPU share of the vLLM engines of trl-vllm, unsloth and verl (default: each one's "
         f"own: TRL 0.3, Unsloth {UNSLOTH_VLLM_MEMORY}, verl 0.5)",
     )
-    parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
+    parser.add_argument(
+        "--hbm-tbps",
+        type=float,
+        help="HBM bandwidth in TB/s for the decode bound (default: the device's, by its name: "
+        "H100 3.35, H200 4.8, ...; HBM_TBPS)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     options = parser.parse_args(argv)
     systems = [s.strip() for s in options.systems.split(",") if s.strip()]

@@ -54,6 +54,7 @@ from benchmarks.grpo_vs_trl import (
     MODEL_SHAPES,
     TARGETS,
     Spec,
+    bound_bandwidth,
     build_inputs,
     count_params,
     decode_bound,
@@ -175,7 +176,11 @@ def main(argv: list[str] | None = None) -> None:
         help="measure each serving again with these train.py flags added (repeatable; "
         "--variant compile='--sglang-enable-torch-compile'); default: one, 'base', with none",
     )
-    parser.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth (H200: 4.8)")
+    parser.add_argument(
+        "--hbm-tbps",
+        type=float,
+        help="HBM bandwidth in TB/s for the decode bound (default: the device's, by its name)",
+    )
     parser.add_argument(
         "--profile", action="store_true", help="one more generate per engine under the profiler"
     )
@@ -185,6 +190,11 @@ def main(argv: list[str] | None = None) -> None:
     if not servings or any(s not in SERVINGS for s in servings) or options.repeats < 1:
         parser.error(f"--serving: a comma list of {', '.join(SERVINGS)}; --repeats >= 1")
     variants = parse_variants(parser, options.variant or ["base="])
+    import torch
+
+    bandwidth, source = bound_bandwidth(options.hbm_tbps, torch.cuda.get_device_name(0))
+    if bandwidth is None:
+        parser.error(f"the decode bound's HBM bandwidth is {source}")
     with tempfile.TemporaryDirectory(prefix="rollout-serving-") as work:
         spec = Spec(
             work=work, device="cuda", tiny=False, prompts=8, samples=8, prompt_len=256,
@@ -203,10 +213,10 @@ def main(argv: list[str] | None = None) -> None:
             for serving in servings
         }
     base, lora = count_params(spec)
-    bound = decode_bound(spec, options.hbm_tbps, base, lora)
+    bound = decode_bound(spec, bandwidth, base, lora)
     flags = shlex.join(sglang_flags(spec))
     print(f"\n{options.shape}, 8 prompts x 8 samples, 256 + 512 tokens, decode bound {bound:.0f} "
-          f"tok/s at {options.hbm_tbps} TB/s; {flags} {options.ours_flags}")  # fmt: skip
+          f"tok/s at {source}; {flags} {options.ours_flags}")  # fmt: skip
     for variant, flags in variants.items():
         print(f"variant {variant}: {shlex.join(flags) or '(no flags)'}")
     width = max(7, *map(len, variants))

@@ -795,3 +795,20 @@ def test_a_verl_run_that_ends_early_is_a_failure(bench, tmp_path, monkeypatch):
         verl_system().run(spec, 2, commands, memory, {}, ["a"])
     memory.stop()
     assert len(commands.sent) == 2  # ready, then the one step verl logged
+
+
+@pytest.mark.parametrize(
+    ("name", "tbps"),
+    [
+        ("NVIDIA H100 80GB HBM3", 3.35),
+        ("NVIDIA H100 PCIe", 2.0),
+        ("NVIDIA H100 NVL", 3.9),
+        ("NVIDIA H200", 4.8),
+        ("AMD Instinct MI355X", 8.0),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
+def test_the_decode_bound_takes_the_devices_own_bandwidth(bench, name, tbps):
+    assert bench.device_hbm_tbps(name) == tbps
+    assert bench.bound_bandwidth(None, name)[0] == tbps
+    assert bench.bound_bandwidth(9.6, name) == (9.6, "9.6 TB/s (--hbm-tbps)")

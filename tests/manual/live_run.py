@@ -7,6 +7,10 @@ Ctrl-C: it stops the job and releases its Ray) and fails the test naming what th
 waiting for: its last line and how long ago it came. `interrupt_when` stops a run early the same
 way once a condition holds (a checkpoint on disk, for a resume test).
 
+A run that falls silent for `quiet_s` shows where it waits: the Python stacks of every process it
+started (the launcher, Ray's workers, SGLang's schedulers), as ``py-spy dump`` reads them, go to
+the console and the log, once per silence (py-spy comes with Ray's ``[default]`` extra).
+
 A run started in the background of a non-interactive shell (`nohup ... &`, a batch script)
 inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt: the launcher
 would run on through its interrupt. The launcher is therefore started with SIGINT at its
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +34,7 @@ from pathlib import Path
 import pytest
 
 GRACE_S = 90  # after SIGINT: time to stop the job and Ray before SIGKILL
+QUIET_S = 150.0  # silence after which a run's stacks are shown (a fresh node's first step: 154 s)
 
 
 @dataclass(frozen=True)
@@ -45,15 +51,21 @@ class _Tail:
         self.lines: list[str] = []
         self.last_at = time.monotonic()
         self.log = log.open("a", encoding="utf-8")
+        self._writing = threading.Lock()
 
     def follow(self, stream) -> None:
         for line in stream:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            self.log.write(line)
-            self.log.flush()
+            self.show(line)
             self.lines.append(line)
             self.last_at = time.monotonic()
+
+    def show(self, text: str) -> None:
+        """`text` on the console and in the log (a note of the runner's own: not in `lines`)."""
+        with self._writing:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            self.log.write(text)
+            self.log.flush()
 
     def waiting_for(self) -> str:
         last = next((line.strip() for line in reversed(self.lines) if line.strip()), "")
@@ -70,10 +82,11 @@ def run_streaming(
     env: dict[str, str],
     log: Path,
     interrupt_when: Callable[[], bool] | None = None,
+    quiet_s: float = QUIET_S,
 ) -> Finished:
     """Run `command` (its output streamed and kept in `log`); fail the test when it outlasts
-    `budget_s`, saying what it was waiting for."""
-    started = time.monotonic()
+    `budget_s`, saying what it was waiting for; show its stacks after `quiet_s` of silence."""
+    started, started_at = time.monotonic(), time.time()
     with _sigint_not_ignored():
         process = subprocess.Popen(
             command,
@@ -88,8 +101,15 @@ def run_streaming(
     reader = threading.Thread(target=tail.follow, args=(process.stdout,), daemon=True)
     reader.start()
     interrupted = False
+    shown_for = None  # the silence whose stacks were shown: that of the line at this time
     try:
         while process.poll() is None:
+            if time.monotonic() - tail.last_at > quiet_s and shown_for != tail.last_at:
+                shown_for = tail.last_at
+                tail.show(
+                    f"--- {label}: no output for {quiet_s:.0f} s; the stacks of its Python "
+                    f"processes:\n{python_stacks(started_at)}--- end of the stacks\n"
+                )
             if time.monotonic() - started > budget_s:
                 waiting = tail.waiting_for()
                 _stop(process)
@@ -105,6 +125,48 @@ def run_streaming(
         reader.join(timeout=30)
         tail.log.close()
     return Finished(process.returncode, "".join(tail.lines), interrupted)
+
+
+def python_stacks(since: float) -> str:
+    """``py-spy dump`` of each Python process of this user started since `since` (a
+    ``time.time()``), or one line saying why there are none."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return "(none: py-spy is not installed; Ray's [default] extra brings it)\n"
+    dumps = []
+    for pid, command in _python_processes(since):
+        done = subprocess.run(
+            [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
+        )
+        dumps.append(f"pid {pid}: {command[:200]}\n{done.stdout or done.stderr}")
+    return "".join(dumps) or "(none: no Python process of this run is left)\n"
+
+
+def _python_processes(since: float) -> list[tuple[int, str]]:
+    """(pid, command line) of this user's Python processes started since `since`, this one
+    excepted. Start times come from ``/proc`` in whole seconds after boot: a second's slack."""
+    boot = next(
+        int(line.split()[1])
+        for line in Path("/proc/stat").read_text().splitlines()
+        if line.startswith("btime ")
+    )
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = []
+    for entry in sorted(Path("/proc").iterdir(), key=lambda p: (len(p.name), p.name)):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if entry.stat().st_uid != os.getuid():
+                continue
+            executable = Path(os.readlink(entry / "exe")).name
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        started = boot + int(fields[19]) / ticks  # field 22 of stat: start time in ticks
+        if executable.startswith("python") and started >= since - 1:
+            found.append((int(entry.name), command.strip()))
+    return found
 
 
 @contextlib.contextmanager

@@ -78,10 +78,24 @@ BREAKDOWN = ("rollout", "logprobs", "train", "export_adapter", "load_adapter", *
 @dataclass(frozen=True)
 class RunPlace:
     """Where a production job runs (``--gpu-run-dir``, else the test's temporary folder) and
-    which part of it this command runs (``--gpu-run-phase``: whole, first or resume)."""
+    which part of it this command runs (``--gpu-run-phase``: whole, first or resume).
+
+    In a kept folder the job's HOME is ``DIR/home`` too: FlashInfer's and Triton's compiled
+    kernels (``~/.cache/flashinfer``, ``~/.triton``) outlive the command, so a resume, or the
+    next case in the same folder, does not compile them again (2-3 minutes on a fresh node).
+    Otherwise the job has the test session's HOME, shared by the session's cases."""
 
     folder: Path
     phase: str
+    kept: bool = False
+
+    def env(self) -> dict[str, str]:
+        """The launcher's environment: Ray's temporary folder of its own, HOME as above."""
+        env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rt", dir="/tmp")}
+        if self.kept:
+            (home := self.folder / "home").mkdir(mode=0o700, exist_ok=True)
+            env["HOME"] = str(home)
+        return env
 
 
 @pytest.fixture
@@ -89,7 +103,9 @@ def place(request: pytest.FixtureRequest, tmp_path: Path) -> RunPlace:
     folder, phase = (request.config.getoption(f"--gpu-run-{name}") for name in ("dir", "phase"))
     if phase != "whole" and folder is None:
         pytest.fail(f"--gpu-run-phase {phase} needs --gpu-run-dir DIR (the same DIR for both)")
-    return RunPlace(Path(folder).expanduser().resolve() if folder else tmp_path, phase)
+    if folder is None:
+        return RunPlace(tmp_path, phase)
+    return RunPlace(Path(folder).expanduser().resolve(), phase, kept=True)
 
 
 def _micro_batches(train_backend: str, gpus: int) -> list[str]:
@@ -168,10 +184,6 @@ def _launcher_command(
     ]  # fmt: skip
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rt", dir="/tmp")}
-
-
 def _step_split(records: list[dict]) -> dict[str, float]:
     """Median seconds of each phase over the steps after the first (compiles, warm-up)."""
     later = records[1:] or records
@@ -196,7 +208,7 @@ def _interrupted_run(
     if saved.parent.exists():
         pytest.fail(f"{saved.parent} holds an earlier run: remove it or name another DIR")
     first = run_streaming(
-        command, label=f"{run_id} (first run)", budget_s=1200, cwd=CHECKOUT, env=_env(),
+        command, label=f"{run_id} (first run)", budget_s=1200, cwd=CHECKOUT, env=place.env(),
         log=place.folder / f"{run_id}.log",
         interrupt_when=lambda: (checkpoint.latest_iteration(saved) or 0) >= at,
     )  # fmt: skip
@@ -216,7 +228,7 @@ def _resumed_run(
     """The same launch again: it resumes from the checkpoint of rollout `killed_at` and ends."""
     saved = place.folder / "outputs" / run_id / "checkpoints"
     second = run_streaming(
-        command, label=f"{run_id} (resumed)", budget_s=1200, cwd=CHECKOUT, env=_env(),
+        command, label=f"{run_id} (resumed)", budget_s=1200, cwd=CHECKOUT, env=place.env(),
         log=place.folder / f"{run_id}.log",
     )  # fmt: skip
     assert second.returncode == 0, second.output[-3000:]
@@ -377,7 +389,7 @@ def test_seed_recipe_at_qwen3_4b_size(place: RunPlace, train_backend: str) -> No
     with PeakGpuMemory() as memory:
         if place.phase == "whole":
             done = run_streaming(
-                command, label=run_id, budget_s=3000, cwd=CHECKOUT, env=_env(),
+                command, label=run_id, budget_s=3000, cwd=CHECKOUT, env=place.env(),
                 log=folder / f"{run_id}.log",
             )  # fmt: skip
             assert done.returncode == 0, done.output[-3000:]
