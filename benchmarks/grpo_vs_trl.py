@@ -88,6 +88,7 @@ Unsloth and verl (docs/offline-nodes.md: their wheelhouses).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import multiprocessing
@@ -101,6 +102,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib.machinery import PathFinder
 from importlib.util import find_spec
@@ -1295,9 +1297,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"built model and prompts in {time.perf_counter() - started:.1f} s", flush=True)
         baseline = device_used(spec.device)
         workers: dict[str, Worker] = {}
-        run = run_one_at_a_time if options.one_at_a_time else run_side_by_side
         try:
-            results = run(options, spec, baseline, workers)
+            if options.one_at_a_time:
+                save = functools.partial(write_json, options, spec) if options.json else None
+                results = run_one_at_a_time(options, spec, baseline, workers, save=save)
+            else:
+                results = run_side_by_side(options, spec, baseline, workers)
         except WorkerFailed as failure:
             sys.exit(f"grpo_vs_trl: {failure}")
         finally:
@@ -1305,13 +1310,20 @@ def main(argv: list[str] | None = None) -> None:
                 w.stop()
     report(spec, results, options.hbm_tbps, alone=options.one_at_a_time)
     if options.json:
-        document = {
-            "spec": asdict(spec),
-            "one_at_a_time": options.one_at_a_time,
-            "results": results,
-            "ratios": ratios(results),
-        }
-        options.json.write_text(json.dumps(document, indent=1))
+        write_json(options, spec, results)
+
+
+def write_json(options: argparse.Namespace, spec: Spec, results: dict[str, dict[str, Any]]) -> None:
+    """The results so far as ``--json``; `pending` names the systems still to run (a run
+    stopped part way, by a node's time limit say, keeps the systems it finished)."""
+    document = {
+        "spec": asdict(spec),
+        "one_at_a_time": options.one_at_a_time,
+        "results": results,
+        "ratios": ratios(results),
+        "pending": [kind for kind in options.systems if kind not in results],
+    }
+    options.json.write_text(json.dumps(document, indent=1))
 
 
 def start_worker(kind: str, options: argparse.Namespace, spec: Spec, baseline: int) -> Worker:
@@ -1367,11 +1379,17 @@ def run_side_by_side(
 
 
 def run_one_at_a_time(
-    options: argparse.Namespace, spec: Spec, baseline: int, workers: dict[str, Worker]
+    options: argparse.Namespace,
+    spec: Spec,
+    baseline: int,
+    workers: dict[str, Worker],
+    *,
+    save: Callable[[dict[str, dict[str, Any]]], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each system alone on the device in turn: started, warmed up, timed, its worker ended
     before the next starts. A system that fails (out of memory at a large shape) is reported
-    with its error (its worker has printed the traceback), and the others still run."""
+    with its error (its worker has printed the traceback), and the others still run. `save`
+    gets the results after each system, its worker ended."""
     results: dict[str, dict[str, Any]] = {}
     for kind in options.systems:
         stage = "start"
@@ -1394,6 +1412,8 @@ def run_one_at_a_time(
         finally:
             if kind in workers:
                 workers.pop(kind).stop()  # its memory free before the next system starts
+        if save is not None:
+            save(results)
     return results
 
 

@@ -306,7 +306,7 @@ def test_one_at_a_time_a_failing_system_is_reported_and_the_others_still_run(
     assert "systems: one at a time, each alone on the device" in printed
     assert "ratio" not in printed
     document = json.loads(out.read_text())
-    assert document["one_at_a_time"] and document["ratios"] == {}
+    assert document["one_at_a_time"] and document["ratios"] == {} and document["pending"] == []
     assert document["results"]["trl"] == {
         "failed": "ImportError: the trl of the extra path",
         "stage": "start",
@@ -315,6 +315,29 @@ def test_one_at_a_time_a_failing_system_is_reported_and_the_others_still_run(
     ours = document["results"]["ours"]
     assert len(ours["times"]) == 1 and ours["times"][0]["response_tokens"] == 64 * 32
     assert ours["peak"] > 0
+
+
+@pytest.mark.timeout(180)
+def test_one_at_a_time_each_finished_system_is_in_the_json_at_once(bench, tmp_path, monkeypatch):
+    """A run stopped after its first system (a node's time limit, Ctrl-C) leaves that system's
+    results in `--json`, the others named as pending."""
+    pytest.importorskip("trl")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    start = bench.start_worker
+
+    def stopped_before_trl(kind, *args):
+        if kind == "trl":
+            raise KeyboardInterrupt
+        return start(kind, *args)
+
+    monkeypatch.setattr(bench, "start_worker", stopped_before_trl)
+    out = tmp_path / "results.json"
+    argv = ["--device", "cpu", "--tiny", "--systems", "ours,trl", "--one-at-a-time"]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main([*argv, "--steps", "1", "--warmup", "0", "--json", str(out)])
+    document = json.loads(out.read_text())
+    assert document["pending"] == ["trl"]
+    assert len(document["results"]["ours"]["times"]) == 1
 
 
 @pytest.mark.parametrize(
