@@ -135,10 +135,14 @@ def python_stacks(since: float) -> str:
         return "(none: py-spy is not installed; Ray's [default] extra brings it)\n"
     dumps = []
     for pid, command in _python_processes(since):
-        done = subprocess.run(
-            [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
-        )
-        dumps.append(f"pid {pid}: {command[:200]}\n{done.stdout or done.stderr}")
+        try:
+            done = subprocess.run(
+                [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60
+            )
+            stacks = done.stdout or done.stderr
+        except subprocess.TimeoutExpired:
+            stacks = "(py-spy gave no stacks within 60 s)\n"
+        dumps.append(f"pid {pid}: {command[:200]}\n{stacks}")
     return "".join(dumps) or "(none: no Python process of this run is left)\n"
 
 
