@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     variants = parse_variants(parser, options.variant or ["base="])
     import torch
 
+    if not torch.cuda.is_available():
+        parser.error("it runs SGLang's engine on a CUDA GPU: none is visible here")
     bandwidth, source = bound_bandwidth(options.hbm_tbps, torch.cuda.get_device_name(0))
     if bandwidth is None:
         parser.error(f"the decode bound's HBM bandwidth is {source}")

@@ -48,6 +48,20 @@ def test_unknown_serving_is_a_usage_error():
     assert "--serving: a comma list of adapter, merged" in result.stderr
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a CUDA GPU")
+def test_without_a_cuda_gpu_it_says_so_before_it_runs():
+    result = subprocess.run(
+        [sys.executable, "benchmarks/rollout_serving.py"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith("error: it runs SGLang's engine on a CUDA GPU: none is visible here")
+    )
+
+
 def test_a_variant_needs_a_new_name_and_an_equals_sign():
     for argv in (["--variant", "compile"], ["--variant", "a=", "--variant", "a=--x"]):
         result = subprocess.run(
