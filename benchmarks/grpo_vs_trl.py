@@ -1297,20 +1297,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"built model and prompts in {time.perf_counter() - started:.1f} s", flush=True)
         baseline = device_used(spec.device)
         workers: dict[str, Worker] = {}
+        run = run_one_at_a_time if options.one_at_a_time else run_side_by_side
+        save = functools.partial(write_json, options, spec) if options.json else None
         try:
-            if options.one_at_a_time:
-                save = functools.partial(write_json, options, spec) if options.json else None
-                results = run_one_at_a_time(options, spec, baseline, workers, save=save)
-            else:
-                results = run_side_by_side(options, spec, baseline, workers)
+            results = run(options, spec, baseline, workers, save=save)
         except WorkerFailed as failure:
             sys.exit(f"grpo_vs_trl: {failure}")
         finally:
             for w in workers.values():  # after a failure, the others wait for commands
                 w.stop()
     report(spec, results, options.hbm_tbps, alone=options.one_at_a_time)
-    if options.json:
-        write_json(options, spec, results)
 
 
 def write_json(options: argparse.Namespace, spec: Spec, results: dict[str, dict[str, Any]]) -> None:
@@ -1360,10 +1356,16 @@ def result_of(w: Worker, times: list[StepTime]) -> dict[str, Any]:
 
 
 def run_side_by_side(
-    options: argparse.Namespace, spec: Spec, baseline: int, workers: dict[str, Worker]
+    options: argparse.Namespace,
+    spec: Spec,
+    baseline: int,
+    workers: dict[str, Worker],
+    *,
+    save: Callable[[dict[str, dict[str, Any]]], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Start the workers (into `workers`), warm each up, then alternate the timed steps: round
-    `i` steps every system that has more than `i` timed steps. A failing system ends the run."""
+    `i` steps every system that has more than `i` timed steps. A failing system ends the run.
+    `save` gets the results once every system has taken its steps."""
     # One at a time: SGLang sizes its pool from free memory, and vLLM's start-up profile fails
     # when another process frees memory meanwhile.
     for kind in options.systems:
@@ -1375,7 +1377,10 @@ def run_side_by_side(
         for kind, w in workers.items():
             if index < options.steps[kind]:
                 times[kind].append(timed_step(w, index))
-    return {kind: result_of(w, times[kind]) for kind, w in workers.items()}
+    results = {kind: result_of(w, times[kind]) for kind, w in workers.items()}
+    if save is not None:
+        save(results)
+    return results
 
 
 def run_one_at_a_time(

@@ -340,6 +340,19 @@ def test_one_at_a_time_each_finished_system_is_in_the_json_at_once(bench, tmp_pa
     assert len(document["results"]["ours"]["times"]) == 1
 
 
+@pytest.mark.timeout(180)
+def test_side_by_side_the_json_holds_every_system_once_they_all_stepped(
+    bench, tmp_path, monkeypatch
+):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    out = tmp_path / "results.json"
+    argv = ["--device", "cpu", "--tiny", "--systems", "ours", "--steps", "1", "--warmup", "0"]
+    bench.main([*argv, "--json", str(out)])
+    document = json.loads(out.read_text())
+    assert not document["one_at_a_time"] and document["pending"] == []
+    assert len(document["results"]["ours"]["times"]) == 1
+
+
 @pytest.mark.parametrize(
     ("argv", "sleep"),
     [([], True), (["--one-at-a-time"], False), (["--one-at-a-time", "--vllm-sleep"], True),

@@ -156,8 +156,9 @@ def _python_processes(since: float) -> list[tuple[int, str]]:
     )
     ticks = os.sysconf("SC_CLK_TCK")
     found = []
-    for entry in sorted(Path("/proc").iterdir(), key=lambda p: (len(p.name), p.name)):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for pid in sorted(int(name) for name in os.listdir("/proc") if name.isdigit()):
+        entry = Path("/proc", str(pid))
+        if pid == os.getpid():
             continue
         try:
             if entry.stat().st_uid != os.getuid():
@@ -169,7 +170,7 @@ def _python_processes(since: float) -> list[tuple[int, str]]:
             continue
         started = boot + int(fields[19]) / ticks  # field 22 of stat: start time in ticks
         if executable.startswith("python") and started >= since - 1:
-            found.append((int(entry.name), command.strip()))
+            found.append((pid, command.strip()))
     return found
 
 
