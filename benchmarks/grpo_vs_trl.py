@@ -111,6 +111,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trainer.config import TrainConfig
 from trainer.job.memory_estimate import DeviceMemory
 from trainer.tiny import SHAPES, parity
 
@@ -130,10 +131,12 @@ MODEL_SHAPES = {
 }
 SGLANG_FLAGS = (
     "--sglang-attention-backend triton --sglang-lora-backend triton "
-    "--sglang-sampling-backend pytorch --sglang-mem-fraction-static 0.15 "
-    "--sglang-cuda-graph-max-bs-decode 64 --sglang-disable-prefill-cuda-graph "
-    "--sglang-log-level warning"
+    "--sglang-sampling-backend pytorch --sglang-cuda-graph-max-bs-decode 64 "
+    "--sglang-disable-prefill-cuda-graph --sglang-log-level warning"
 )
+# ours' --sglang-mem-fraction-static where that holds the KV cache of a step (`engine_fraction`)
+SGLANG_FRACTION = 0.15
+SGLANG_FRACTION_MAX = 0.85  # beyond it SGLang runs the samples in turns: the rest is the trainer's
 # ours' colocated memory (`--ours-memory`): swapped around training with the base backed up on
 # the host, as the recipes run it; only the engine's KV cache and CUDA graphs given back during
 # training (its weights stay, nothing is copied); both sides resident all along; or train.py's
@@ -451,11 +454,53 @@ def kv_cache_tokens(spec: Spec) -> int:
     return math.ceil(1.25 * spec.prompts * spec.samples * (spec.prompt_len + spec.response_len))
 
 
-def sglang_flags(spec: Spec) -> list[str]:
-    return [*shlex.split(SGLANG_FLAGS), "--sglang-max-total-tokens", str(kv_cache_tokens(spec))]
+def sglang_flags(spec: Spec, fraction: float = SGLANG_FRACTION) -> list[str]:
+    return [
+        *shlex.split(SGLANG_FLAGS), "--sglang-mem-fraction-static", f"{fraction:g}",
+        "--sglang-max-total-tokens", str(kv_cache_tokens(spec)),
+    ]  # fmt: skip
 
 
-def ours_argv(spec: Spec, steps: int) -> list[str]:
+def engine_fraction(spec: Spec, config: TrainConfig, free: int) -> float:
+    """Ours' ``--sglang-mem-fraction-static`` when `free` bytes of the GPU are free: at least
+    `SGLANG_FRACTION`, and as much as SGLang needs to size a KV cache of the step's samples
+    (`kv_cache_tokens`) up to `SGLANG_FRACTION_MAX`. At the Qwen3-4B shape on an 80 GB GPU 0.15
+    holds 31,293 of the 49,152 tokens the step's samples reach, and SGLang would decode them in
+    turns (`memory_estimate.sglang_kv_tokens`)."""
+    from trainer.backends import registry
+    from trainer.backends.sglang.args import LORA_SLOTS
+    from trainer.job import memory_estimate, model_shape
+
+    shape = model_shape.read(
+        Path(spec.model_dir),
+        lora_rank=config.lora.lora_rank,
+        lora_targets=registry.adapter_targets(config).hf,
+    )
+    needed = memory_estimate.sglang_fraction(
+        shape,
+        kv_tokens=kv_cache_tokens(spec),
+        free=free,
+        dtype_bytes=2,
+        adapter_slots=0 if config.lora.merged else LORA_SLOTS,
+    )
+    return min(SGLANG_FRACTION_MAX, max(SGLANG_FRACTION, needed))
+
+
+def ours_config(spec: Spec, steps: int, device: str, extra: tuple[str, ...] = ()) -> TrainConfig:
+    """Ours' train.py config (`ours_argv` and `extra`) with SGLang's memory sized on the GPU
+    `device` (`engine_fraction`); `--ours-flags` may set another fraction."""
+    from trainer.arguments import parse_args
+
+    config = parse_args([*ours_argv(spec, steps), *extra])
+    if config.placement.rollout_backend != "sglang":
+        return config
+    fraction = engine_fraction(spec, config, device_memory(device).free)
+    if fraction != SGLANG_FRACTION:
+        print(f"ours: --sglang-mem-fraction-static {fraction:g}, which holds a step's KV cache")
+    return parse_args([*ours_argv(spec, steps, fraction), *extra])
+
+
+def ours_argv(spec: Spec, steps: int, fraction: float = SGLANG_FRACTION) -> list[str]:
     cuda = spec.device.startswith("cuda")
     argv = [
         "--hf-checkpoint", spec.model_dir, "--prompt-data", spec.prompt_file,
@@ -476,7 +521,7 @@ def ours_argv(spec: Spec, steps: int) -> list[str]:
     if spec.gradient_checkpointing:
         argv.append("--gradient-checkpointing")
     if spec.rollout_backend == "sglang":
-        argv += [*sglang_flags(spec), *OURS_MEMORY[spec.ours_memory]]
+        argv += [*sglang_flags(spec, fraction), *OURS_MEMORY[spec.ours_memory]]
     return argv + spec.ours_flags
 
 
@@ -491,7 +536,6 @@ class Ours:
     def __init__(self, spec: Spec, steps: int) -> None:
         from transformers import AutoTokenizer
 
-        from trainer.arguments import parse_args
         from trainer.backends import registry
         from trainer.backends.colocate import Colocation
         from trainer.job import colocate_memory
@@ -501,7 +545,7 @@ class Ours:
 
         self.spec = spec
         device = "cuda:0" if spec.device.startswith("cuda") else "cpu"
-        args = parse_args(ours_argv(spec, steps))
+        args = ours_config(spec, steps, device)
         args = colocate_memory.resolve(
             args,
             colocate_memory.model_shape_for(args),

@@ -1,5 +1,7 @@
 """What training the merged policy costs the PEFT trainer (``--lora-serving merged``,
-`trainer.backends.torch.merged_policy`) against training the adapter, side by side in one process.
+`trainer.backends.torch.merged_policy`) against training the adapter, side by side in one process:
+the merged policy with its merged weights kept for the step (``merged``, the default) and merged
+again in every pass (``merged-per-pass``, ``--no-keep-merged-weights``).
 
 Two trainers of `grpo_vs_trl.py`'s model and LoRA (r64, alpha 32, all linear layers, bf16 on a
 GPU) take turns at optimizer steps over the same micro-batches (`--micro-batches` x
@@ -11,6 +13,7 @@ rollout engine merges from the same checkpoint and exported adapter (`lora_merge
 device computed of the step's wall time, how many kernels it launched, the longest kernels.
 
     python benchmarks/merged_training.py --profile            # one GPU
+    python benchmarks/merged_training.py --shape qwen3-4b --micro-batch 4 --gradient-checkpointing
     python benchmarks/merged_training.py --device cpu --tiny  # seconds, this project's CPU
 """
 
@@ -31,7 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.grpo_vs_trl import MODEL_SHAPES, Spec, build_inputs
 from benchmarks.step_profile import profile_call
 
-SERVINGS = ("adapter", "merged")
+# each trainer's PeftPolicyTrainer options
+SERVINGS = {
+    "adapter": {"merged": False},
+    "merged": {"merged": True},
+    "merged-per-pass": {"merged": True, "keep_merged_weights": False},
+}
 
 
 def micro_batches(spec: Spec, count: int, vocab: int) -> list[Any]:
@@ -81,6 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, default=16, help="rows per micro-batch")
     parser.add_argument(
+        "--gradient-checkpointing", action="store_true", help="recompute in backward (all three)"
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="profile one more step of each trainer"
     )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
@@ -111,9 +122,10 @@ def main(argv: list[str] | None = None) -> None:
                 total_steps=options.steps + 1,
                 device=options.device,
                 dtype="bf16" if cuda else "fp32",
-                merged=serving == "merged",
+                gradient_checkpointing=options.gradient_checkpointing,
+                **options_of,
             )
-            for serving in SERVINGS
+            for serving, options_of in SERVINGS.items()
         }
         vocab = trainers["adapter"].model.get_base_model().config.vocab_size
         batches = micro_batches(spec, options.micro_batches, vocab)
@@ -146,14 +158,16 @@ def main(argv: list[str] | None = None) -> None:
         f"{'tiny' if options.tiny else options.shape}, {options.device}, {options.micro_batches} "
         f"x {options.micro_batch} rows of {spec.prompt_len} + {spec.response_len} tokens "
         f"({tokens} per step), LoRA r64 all-linear"
+        + (", gradient checkpointing" if options.gradient_checkpointing else "")
     )
-    print(f"{'trainer':<8} {'median s':>9} {'min s':>8} {'peak allocated GiB':>19}")
+    print(f"{'trainer':<15} {'median s':>9} {'min s':>8} {'peak allocated GiB':>19}")
     medians = {}
     for serving in SERVINGS:
         medians[serving] = statistics.median(times[serving])
         peak = f"{peaks[serving] / 2**30:.2f}" if cuda else "n/a"
-        print(f"{serving:<8} {medians[serving]:>9.3f} {min(times[serving]):>8.3f} {peak:>19}")
-    print(f"merged / adapter step time: {medians['merged'] / medians['adapter']:.2f}x")
+        print(f"{serving:<15} {medians[serving]:>9.3f} {min(times[serving]):>8.3f} {peak:>19}")
+    for serving in ("merged", "merged-per-pass"):
+        print(f"{serving} / adapter step time: {medians[serving] / medians['adapter']:.2f}x")
     print(f"merged weights equal the engine's merge bit for bit: {'yes' if exact else 'NO'}")
     if profiles:
         print("one more step of each under torch.profiler (its overhead lengthens the host side):")

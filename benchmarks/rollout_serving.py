@@ -10,7 +10,7 @@ without per-request seeds, on `grpo_vs_trl.py`'s workload.
 Per-request seeds (the default, the determinism contract) make SGLang sample each token with its
 seeded Gumbel sampler over the vocabulary; `--no-rollout-request-seeds` leaves it
 ``torch.multinomial``. Each way of serving gets its own engine, in its own process, with the
-benchmark's SGLang settings (`grpo_vs_trl.sglang_flags`, memory kept, `--ours-flags` added); one
+benchmark's SGLang settings (`grpo_vs_trl.ours_config`, memory kept, `--ours-flags` added); one
 random adapter (r64, all linear layers) is loaded `--repeats` + 1 times, then 8 prompts x 8
 samples x 512 tokens are generated once to warm up and `--repeats` times each with and without
 seeds, alternating. Reported: rollout tokens/s (generated tokens over the generate call, prefill
@@ -58,7 +58,7 @@ from benchmarks.grpo_vs_trl import (
     build_inputs,
     count_params,
     decode_bound,
-    ours_argv,
+    ours_config,
     projection_shapes,
     prompts_of,
     sglang_flags,
@@ -109,11 +109,10 @@ def measure(spec: Spec, serving: str, repeats: int, profile: bool, conn: Connect
     try:
         from transformers import AutoTokenizer
 
-        from trainer.arguments import parse_args
         from trainer.backends import registry
         from trainer.backends.base import SamplingParams
 
-        args = parse_args([*ours_argv(spec, 1), "--lora-serving", serving])
+        args = ours_config(spec, 1, "cuda:0", ("--lora-serving", serving))
         engine = registry.create_rollout(args, "cuda:0")
         adapter = random_adapter(spec, spec.seed)
         updates = []
@@ -136,7 +135,12 @@ def measure(spec: Spec, serving: str, repeats: int, profile: bool, conn: Connect
                 if index:  # the first round warms up
                     times[kind].append(elapsed)
                     tokens[kind] += sum(len(g.response_ids) for g in generations)
-        result = {"updates": updates[1:], "times": times, "tokens": tokens}
+        result = {
+            "updates": updates[1:],
+            "times": times,
+            "tokens": tokens,
+            "fraction": args.sglang.sglang_mem_fraction_static,
+        }
         if profile:
             params = SamplingParams(max_new_tokens=spec.response_len, seed=999)
             directory = Path(tempfile.mkdtemp(prefix=f"profile-{serving}-", dir=spec.work))
@@ -216,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
         }
     base, lora = count_params(spec)
     bound = decode_bound(spec, bandwidth, base, lora)
-    flags = shlex.join(sglang_flags(spec))
+    fraction = next(iter(results.values()))["fraction"]
+    flags = shlex.join(sglang_flags(spec, fraction))
     print(f"\n{options.shape}, 8 prompts x 8 samples, 256 + 512 tokens, decode bound {bound:.0f} "
           f"tok/s at {source}; {flags} {options.ours_flags}")  # fmt: skip
     for variant, flags in variants.items():

@@ -459,6 +459,28 @@ def test_ours_sglang_keeps_a_kv_cache_for_one_step_not_its_static_share(bench):
     }
 
 
+def test_ours_sglang_fraction_holds_a_step_s_kv_cache_on_the_device_at_hand(bench, tmp_path):
+    """0.15 where that holds SGLang's weights, adapter slots and the capped KV cache; more where
+    it does not (the 4B shape on an 80 GB GPU), up to 0.85."""
+    from trainer.arguments import parse_args
+    from trainer.backends import registry
+    from trainer.job import memory_estimate, model_shape
+
+    spec = tiny_spec(bench, tmp_path, device="cuda", rollout_backend="sglang")
+    bench.build_inputs(spec, rows=8)
+    config = parse_args(bench.ours_argv(spec, steps=1))
+    targets = registry.adapter_targets(config).hf
+    shape = model_shape.read(Path(spec.model_dir), lora_rank=64, lora_targets=targets)
+    needed = memory_estimate.engine_memory(
+        shape, dtype_bytes=2, kv_tokens=bench.kv_cache_tokens(spec), adapter_slots=2
+    )
+    assert bench.engine_fraction(spec, config, free=100 * needed) == 0.15
+    assert bench.engine_fraction(spec, config, free=4 * needed) == 0.25
+    assert bench.engine_fraction(spec, config, free=needed) == 0.85
+    argv = bench.ours_argv(spec, steps=1, fraction=0.25)
+    assert parse_args(argv).sglang.sglang_mem_fraction_static == 0.25
+
+
 def test_ours_memory_auto_leaves_the_choice_to_train_py(bench):
     from trainer.arguments import parse_args
 

@@ -81,12 +81,28 @@ def sglang_engine(
     dtype_bytes: int,
 ) -> tuple[int, str]:
     """SGLang's share and how it was reckoned: its static `fraction` of the GPU, or less where
-    ``--sglang-max-total-tokens`` caps its KV cache."""
+    ``--sglang-max-total-tokens`` caps its KV cache; and where the KV cache SGLang sizes from
+    `fraction` holds fewer tokens than the rollout's samples at once, that too (SGLang then
+    decodes them in turns, reading its weights once per turn's decode step)."""
     static = memory_estimate.static_engine_memory(fraction, device.total)
     source = f"--sglang-mem-fraction-static {fraction:g} of the GPU"
     cap = sglang_args.coerce_extra(config.sglang.sglang_extra).get("max_total_tokens")
-    tokens = cap if cap is not None else engine_sequences(config) * sequence_tokens(config)
+    rollout = engine_sequences(config) * sequence_tokens(config)
+    tokens = cap if cap is not None else rollout
     slots = 0 if config.lora.merged else sglang_args.LORA_SLOTS
+    held = memory_estimate.sglang_kv_tokens(
+        shape, fraction=fraction, free=device.free, dtype_bytes=dtype_bytes, adapter_slots=slots
+    )
+    needed = min(tokens, rollout)
+    if held < needed:
+        enough = memory_estimate.sglang_fraction(
+            shape, kv_tokens=needed, free=device.free, dtype_bytes=dtype_bytes, adapter_slots=slots
+        )
+        return static, (
+            f"{source}, whose KV cache holds {held} tokens, fewer than the {needed} of the "
+            f"rollout's samples at once: SGLang runs them in turns (--sglang-mem-fraction-static "
+            f"{enough:g} holds them)"
+        )
     capped = memory_estimate.engine_memory(
         shape, dtype_bytes=dtype_bytes, kv_tokens=tokens, adapter_slots=slots
     )
@@ -111,6 +127,7 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
         dtype_bytes=dtype_bytes,
         tokens=micro_batch_tokens(config),
         gradient_checkpointing=recomputes(config),
+        kept_merged_weights=config.lora.merged and config.torch.keep_merged_weights,
     )
     fraction = config.sglang.sglang_mem_fraction_static
     if config.placement.rollout_backend == "sglang" and fraction is not None:

@@ -11,7 +11,10 @@ The trainer's estimate, per device (conservative: no tensor/pipeline split of th
   (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
   without the attention-score term that fused attention never stores), twice that in float32;
   with gradient checkpointing one layer's worth plus each layer's input;
-* the logits of a micro-batch in float32, twice (the values and their gradient).
+* the logits of a micro-batch in float32, twice (the values and their gradient);
+* training the merged policy with its merged weights kept for the step (``--lora-serving
+  merged`` and ``--keep-merged-weights``, the default): the adapted weights once more in the
+  training dtype (`trainer.backends.torch.merged_policy`).
 
 A micro-batch holds ``--micro-batch-size`` sequences of the longest prompt plus the longest
 response (or ``--max-tokens-per-gpu`` tokens with dynamic batching).
@@ -26,6 +29,7 @@ of its total (CUDA context, NCCL buffers, allocator fragmentation).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GIB = 2**30
@@ -63,10 +67,13 @@ class TrainerMemory:
     lora_states: int
     activations: int
     logits: int
+    merged_weights: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.lora_states + self.activations + self.logits
+        return (
+            self.weights + self.lora_states + self.activations + self.logits + self.merged_weights
+        )
 
 
 @dataclass(frozen=True)
@@ -95,10 +102,11 @@ class MemoryPlan:
 
     def line(self) -> str:
         t = self.trainer
+        merged = f" + merged weights {gib(t.merged_weights)}" if t.merged_weights else ""
         return (
             f"--colocate-memory auto: {self.mode} (trainer {gib(t.total)} GiB = weights "
             f"{gib(t.weights)} + LoRA with grads and Adam {gib(t.lora_states)} + activations "
-            f"{gib(t.activations)} + logits {gib(t.logits)}; engine {gib(self.engine)} GiB "
+            f"{gib(t.activations)} + logits {gib(t.logits)}{merged}; engine {gib(self.engine)} GiB "
             f"({self.engine_source}); {gib(self.needed)} GiB needed, "
             f"{gib(self.available)} GiB usable: {gib(self.device.free)} GiB free of "
             f"{gib(self.device.total)} GiB less {MARGIN:.0%} of it)"
@@ -115,10 +123,11 @@ def trainer_memory(
     dtype_bytes: int,
     tokens: int,
     gradient_checkpointing: bool,
+    kept_merged_weights: bool = False,
 ) -> TrainerMemory:
     """`tokens`: of one micro-batch; `dtype_bytes`: of the training dtype (2 bf16, 4 fp32).
-    Training the merged policy (``--lora-serving merged``) adds nothing: each layer merges its
-    weight again in backward (`trainer.backends.torch.merged_policy`)."""
+    `kept_merged_weights`: the merged policy trains with one merged copy of each adapted weight
+    kept for the step; merging in every pass instead adds nothing."""
     per_layer = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens * shape.hidden_size
     per_layer = per_layer * dtype_bytes // 2
     if gradient_checkpointing:
@@ -131,6 +140,7 @@ def trainer_memory(
         lora_states=shape.lora_parameters * LORA_BYTES_PER_PARAM,
         activations=activations,
         logits=LOGIT_COPIES * tokens * shape.vocab_size * 4,
+        merged_weights=shape.adapted_parameters * dtype_bytes if kept_merged_weights else 0,
     )
 
 
@@ -149,6 +159,31 @@ def engine_memory(
     kv = shape.kv_bytes_per_token_16bit * dtype_bytes // 2 * kv_tokens
     adapters = adapter_slots * shape.lora_parameters * dtype_bytes
     return shape.parameters * dtype_bytes + adapters + kv
+
+
+def sglang_kv_tokens(
+    shape: ModelShape, *, fraction: float, free: int, dtype_bytes: int, adapter_slots: int = 0
+) -> int:
+    """The KV cache, in tokens, that SGLang sizes for itself at ``--sglang-mem-fraction-static
+    fraction`` when `free` bytes are free as it starts: `fraction` of them less its weights and
+    adapter buffers (SGLang's reckoning: what is free once its weights are loaded, less ``1 -
+    fraction`` of what was free before)."""
+    resident = engine_memory(
+        shape, dtype_bytes=dtype_bytes, kv_tokens=0, adapter_slots=adapter_slots
+    )
+    per_token = shape.kv_bytes_per_token_16bit * dtype_bytes // 2
+    return max(0, int(fraction * free) - resident) // per_token
+
+
+def sglang_fraction(
+    shape: ModelShape, *, kv_tokens: int, free: int, dtype_bytes: int, adapter_slots: int = 0
+) -> float:
+    """The least ``--sglang-mem-fraction-static``, in hundredths, at which SGLang sizes a KV
+    cache of `kv_tokens` tokens (`sglang_kv_tokens`) when `free` bytes are free as it starts."""
+    needed = engine_memory(
+        shape, dtype_bytes=dtype_bytes, kv_tokens=kv_tokens, adapter_slots=adapter_slots
+    )
+    return math.ceil(100 * needed / free) / 100
 
 
 def merged_serving_memory(shape: ModelShape, *, dtype_bytes: int) -> int:

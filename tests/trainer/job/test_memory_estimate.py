@@ -22,6 +22,17 @@ QWEN3_0_6B = ModelShape(
     vocab_size=151_936,
     kv_bytes_per_token_16bit=2 * 28 * 8 * 128 * 2,
 )
+# Qwen3-4B: 4.02 B parameters (tied embeddings), hidden 2560, 36 layers, 8 KV heads of 128;
+# its adapted (linear) weights 3.64 B.
+QWEN3_4B = ModelShape(
+    parameters=4_022_468_096,
+    lora_parameters=0,
+    hidden_size=2560,
+    num_layers=36,
+    vocab_size=151_936,
+    kv_bytes_per_token_16bit=2 * 36 * 8 * 128 * 2,
+    adapted_parameters=3_633_315_840,
+)
 H200 = 140 * GIB
 IDLE_H200 = memory_estimate.DeviceMemory(free=H200 - GIB // 2, total=H200)  # a CUDA context
 
@@ -218,10 +229,65 @@ def test_a_kv_cache_cap_above_the_static_fraction_leaves_the_fraction(model):
     assert "(--sglang-mem-fraction-static 0.5 of the GPU)" in plan.line()
 
 
-def test_merged_serving_adds_the_adapted_weights_twice_to_the_engine_and_none_to_the_trainer(
+def test_merged_serving_adds_the_adapted_weights_twice_to_the_engine_and_once_to_the_trainer(
     model,
 ):
+    """The trainer's copy is the merged weights kept for a step; merging in every pass
+    (``--no-keep-merged-weights``) keeps none."""
     plan, shape = sglang_plan(model, "--lora-serving", "merged")
     assert plan.engine == 4 * GIB + 2 * shape.adapted_parameters * 2
     assert "(--lora-serving merged)" in plan.line()
-    assert plan.trainer == sglang_plan(model)[0].trainer
+    adapter = sglang_plan(model)[0].trainer
+    assert plan.trainer.merged_weights == shape.adapted_parameters * 2 > 0
+    assert plan.trainer.total == adapter.total + plan.trainer.merged_weights
+    assert f"+ merged weights {memory_estimate.gib(shape.adapted_parameters * 2)};" in plan.line()
+    per_pass, _ = sglang_plan(model, "--lora-serving", "merged", "--no-keep-merged-weights")
+    assert per_pass.trainer == adapter
+    assert "merged weights" not in per_pass.line()
+
+
+def test_sglang_sizes_its_kv_cache_from_its_fraction_of_the_free_memory_less_its_weights():
+    """The benchmark's 64 samples of 256 + 512 tokens at Qwen3-4B: 49,152 tokens at once. At
+    0.15 of an H100's 78.6 free GiB SGLang keeps 31,293 tokens (it runs the samples in turns);
+    0.21 holds the benchmark's cap of 61,440; 0.15 of an H200's 139.3 GiB holds 97,594."""
+    h100, h200 = int(78.6 * GIB), int(139.3 * GIB)
+    kv = memory_estimate.sglang_kv_tokens
+    assert kv(QWEN3_4B, fraction=0.15, free=h100, dtype_bytes=2) == 31_293 < 64 * 768
+    assert (
+        memory_estimate.sglang_fraction(QWEN3_4B, kv_tokens=61_440, free=h100, dtype_bytes=2)
+        == 0.21
+    )
+    assert kv(QWEN3_4B, fraction=0.15, free=h200, dtype_bytes=2) == 97_594
+    assert kv(QWEN3_4B, fraction=0.05, free=h100, dtype_bytes=2) == 0  # not even its weights
+    for tokens in (1, 10_000, 61_440, 500_000):
+        for slots in (0, 2):
+            fraction = memory_estimate.sglang_fraction(
+                QWEN3_0_6B, kv_tokens=tokens, free=h100, dtype_bytes=2, adapter_slots=slots
+            )
+            held = kv(QWEN3_0_6B, fraction=fraction, free=h100, dtype_bytes=2, adapter_slots=slots)
+            less = kv(
+                QWEN3_0_6B, fraction=fraction - 0.01, free=h100, dtype_bytes=2, adapter_slots=slots
+            )
+            assert less < tokens <= held
+
+
+def test_a_fraction_too_small_for_the_rollout_s_kv_cache_is_named_with_one_that_holds_it(model):
+    """A device whose free memory at 0.5 holds half of the rollout's tokens."""
+    config = parse_args(argv(model, *SGLANG_AUTO, "--rollout-batch-size", "4"))
+    shape = colocate_memory.model_shape_for(config)
+    rollout = colocate_memory.engine_sequences(config) * colocate_memory.sequence_tokens(config)
+    resident = memory_estimate.engine_memory(shape, dtype_bytes=2, kv_tokens=0, adapter_slots=2)
+    free = 2 * (resident + rollout // 2 * shape.kv_bytes_per_token_16bit)
+    device = memory_estimate.DeviceMemory(free=free, total=free)
+    plan = colocate_memory.estimate(config, shape, device=device)
+    enough = memory_estimate.sglang_fraction(
+        shape, kv_tokens=rollout, free=free, dtype_bytes=2, adapter_slots=2
+    )
+    assert 0.5 < enough <= 1
+    assert (
+        f"(--sglang-mem-fraction-static 0.5 of the GPU, whose KV cache holds {rollout // 2} "
+        f"tokens, fewer than the {rollout} of the rollout's samples at once: SGLang runs them in "
+        f"turns (--sglang-mem-fraction-static {enough:g} holds them))"
+    ) in plan.line()
+    roomy = memory_estimate.DeviceMemory(free=4 * free, total=4 * free)
+    assert "in turns" not in colocate_memory.estimate(config, shape, device=roomy).line()

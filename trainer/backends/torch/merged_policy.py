@@ -12,17 +12,24 @@ off (PEFT's ``enable_adapters(False)``: the layer then computes its base layer a
 The gradient reaches A and B straight through the rounding: with ``dW = dY^T X`` the weight's
 gradient, ``dA = scaling * B^T dW`` and ``dB = scaling * dW A^T``: LoRA's gradient wherever the
 rounding changes nothing. `MergedLinearFunction` computes them as LoRA does, low-rank
-(``scaling * (dY B)^T X`` and ``scaling * dY^T (X A^T)``), without ever forming ``dW``, and
-merges the weight again in backward instead of keeping every layer's merged copy until then:
-training the merged policy costs LoRA's products plus two merges per layer. The saved adapter is
-the same A and B; merged into the base in the serving dtype it is the trained policy exactly,
-applied unmerged (PEFT) it differs from it by that rounding.
+(``scaling * (dY B)^T X`` and ``scaling * dY^T (X A^T)``), without ever forming ``dW``.
+
+Outside `MergedPolicy.weights_kept` each layer merges in every pass (forward, its recompute
+under gradient checkpointing, backward) and keeps no merged copy; inside it each layer merges
+once and every pass of the block computes with that copy. The trainer opens the block around
+each optimizer step's passes (unless ``--no-keep-merged-weights``): one merge per layer per step
+instead of two or three per micro-batch, for one more copy of the adapted weights in the
+training dtype while the step runs. Both compute the same weights bit for bit.
+
+The saved adapter is the same A and B; merged into the base in the serving dtype it is the
+trained policy exactly, applied unmerged (PEFT) it differs from it by that rounding.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,10 +43,21 @@ def _merge(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float)
         return merged_weight(base, a, b, scaling)
 
 
+@dataclass(frozen=True)
+class KeptMerge:
+    """A layer's merged weight and the A and B it was merged from, all in the compute dtype,
+    kept for the passes of one optimizer step (`MergedPolicy.weights_kept`)."""
+
+    weight: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+
+
 class MergedLinearFunction(torch.autograd.Function):
     """``x @ W'^T + bias`` with ``W'`` = `merged_weight` of `base` and A, B rounded to
     `dtype`, computed in `dtype`; A's and B's gradients pass both roundings as if they were not
-    there (the module's doc)."""
+    there (the module's doc). With `kept` (the same A and B merged before), its weight and
+    roundings are used and kept for backward instead of merging and rounding again."""
 
     @staticmethod
     def forward(
@@ -51,25 +69,32 @@ class MergedLinearFunction(torch.autograd.Function):
         b: torch.Tensor,
         scaling: float,
         dtype: torch.dtype,
+        kept: KeptMerge | None,
     ) -> torch.Tensor:
         ctx.dtypes = x.dtype, a.dtype, b.dtype
-        x, a, b = x.to(dtype), a.to(dtype), b.to(dtype)  # (autograd does not record inside)
-        ctx.save_for_backward(x, base, a, b)
+        x = x.to(dtype)  # (autograd does not record inside)
+        if kept is None:
+            a, b, weight = a.to(dtype), b.to(dtype), None
+        else:
+            a, b, weight = kept.a, kept.b, kept.weight
+        ctx.save_for_backward(x, base, a, b, weight)
         ctx.scaling = scaling
         with torch.autocast(x.device.type, enabled=False):
-            return torch.nn.functional.linear(x, _merge(base, a, b, scaling), bias)
+            merged = _merge(base, a, b, scaling) if weight is None else weight
+            return torch.nn.functional.linear(x, merged, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, base, a, b = ctx.saved_tensors
+        x, base, a, b, weight = ctx.saved_tensors
         x_dtype, a_dtype, b_dtype = ctx.dtypes
-        needs_x, _, needs_bias, needs_a, needs_b, _, _ = ctx.needs_input_grad
+        needs_x, _, needs_bias, needs_a, needs_b, _, _, _ = ctx.needs_input_grad
         grad_x = grad_bias = grad_a = grad_b = None
         with torch.autocast(grad.device.type, enabled=False):
             grad = grad.to(x.dtype).reshape(-1, grad.shape[-1])  # [tokens, out]
             rows = x.reshape(-1, x.shape[-1])  # [tokens, in]
             if needs_x:
-                weight = _merge(base, a, b, ctx.scaling)
+                if weight is None:
+                    weight = _merge(base, a, b, ctx.scaling)
                 grad_x = (grad @ weight).to(x_dtype).reshape(*x.shape[:-1], -1)
             if needs_bias:
                 grad_bias = grad.sum(0)
@@ -77,7 +102,7 @@ class MergedLinearFunction(torch.autograd.Function):
                 grad_a = ((grad @ b).mul_(ctx.scaling).t() @ rows).to(a_dtype)
             if needs_b:
                 grad_b = (grad.t() @ (rows @ a.t()).mul_(ctx.scaling)).to(b_dtype)
-        return grad_x, None, grad_bias, grad_a, grad_b, None, None
+        return grad_x, None, grad_bias, grad_a, grad_b, None, None, None
 
 
 class MergedLinear(torch.nn.Module):
@@ -96,6 +121,8 @@ class MergedLinear(torch.nn.Module):
         self.adapter = adapter
         self.dtype = dtype
         self.merging = True
+        self.keeping = False  # merge once and keep it (`MergedPolicy.weights_kept`)
+        self.kept: KeptMerge | None = None
 
     def _adapter(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         layer, adapter = self._layer[0], self.adapter
@@ -106,13 +133,25 @@ class MergedLinear(torch.nn.Module):
         if not self.merging:
             return torch.nn.functional.linear(x, self.weight, self.bias)
         a, b, scaling = self._adapter()
-        return MergedLinearFunction.apply(x, self.weight, self.bias, a, b, scaling, self.dtype)
+        kept = self._kept() if self.keeping else None
+        return MergedLinearFunction.apply(
+            x, self.weight, self.bias, a, b, scaling, self.dtype, kept
+        )
+
+    def _kept(self) -> KeptMerge:
+        if self.kept is None:
+            self.kept = self._merge_now()
+        return self.kept
+
+    def _merge_now(self) -> KeptMerge:
+        a, b, scaling = self._adapter()
+        with torch.no_grad():
+            a, b = a.to(self.dtype), b.to(self.dtype)
+            return KeptMerge(_merge(self.weight, a, b, scaling), a, b)
 
     def merged(self) -> torch.Tensor:
         """The weight this layer computes with while merging."""
-        a, b, scaling = self._adapter()
-        with torch.no_grad():
-            return _merge(self.weight, a.to(self.dtype), b.to(self.dtype), scaling)
+        return self._merge_now().weight
 
 
 class MergedPolicy:
@@ -146,6 +185,19 @@ class MergedPolicy:
         finally:
             for layer in self.layers.values():
                 layer.merging = True
+
+    @contextmanager
+    def weights_kept(self) -> Iterator[None]:
+        """Inside the block each layer merges at its first pass and computes every later pass
+        with that copy (the module's doc); the copies are dropped at its end. A and B must not
+        change inside the block: it spans the passes between two optimizer steps."""
+        for layer in self.layers.values():
+            layer.keeping = True
+        try:
+            yield
+        finally:
+            for layer in self.layers.values():
+                layer.keeping, layer.kept = False, None
 
     def served(self) -> dict[str, torch.Tensor]:
         """The weights the trainer computes with, under the names the engines' merge gives them

@@ -10,6 +10,7 @@ averaged over ranks before clipping; every rank holds the same weights.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Sequence
@@ -137,6 +138,7 @@ class PeftPolicyTrainer:
         logprob_chunk_rows: int = -1,
         base_cpu_backup: bool = False,
         merged: bool = False,
+        keep_merged_weights: bool = True,
         seed: int = 0,
     ) -> None:
         """`total_steps`: optimizer steps of the run (the LR schedule's length).
@@ -147,7 +149,9 @@ class PeftPolicyTrainer:
         response tokens per chunk of the log-prob computation (``--log-probs-chunk-size``;
         -1: `trainer.grpo.logprobs.DEFAULT_CHUNK_ROWS`). `merged`: the engines serve the adapter
         merged (``--lora-serving merged``), so the policy trained is the merged one
-        (`trainer.backends.torch.merged_policy`)."""
+        (`trainer.backends.torch.merged_policy`). `keep_merged_weights`: merged, each layer
+        merges once per optimizer step and keeps that copy for the step's passes
+        (`MergedPolicy.weights_kept`), else it merges again in every pass."""
         import torch
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
@@ -169,6 +173,7 @@ class PeftPolicyTrainer:
         self.model = get_peft_model(base, peft_lora_config(lora)).to(self.device)
         _sort_sets(self.model.peft_config["default"])
         self.merged = MergedPolicy(self.model, self.compute_dtype) if merged else None
+        self.keep_merged_weights = keep_merged_weights
         if gradient_checkpointing:
             _enable_activation_checkpointing(base)
         self.plain_head = _plain_head(base)
@@ -235,12 +240,13 @@ class PeftPolicyTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
-        for micro_batch in micro_batches:
-            on_device = self._to_device(micro_batch)
-            loss, metrics = loss_fn(self._forward(on_device, with_entropy=True), on_device)
-            loss.backward()
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
+        with self._merged_weights_kept():
+            for micro_batch in micro_batches:
+                on_device = self._to_device(micro_batch)
+                loss, metrics = loss_fn(self._forward(on_device, with_entropy=True), on_device)
+                loss.backward()
+                for key, value in metrics.items():
+                    totals[key] = totals.get(key, 0.0) + float(value)
         self._average_gradients()
         clip = self.optim_settings.clip_grad if self.optim_settings.clip_grad > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
@@ -254,6 +260,12 @@ class PeftPolicyTrainer:
         self.steps += 1
         metrics = {**totals, "lr": lr, "skipped_step": float(skipped)}
         return StepResult(grad_norm=grad_norm, metrics=metrics)
+
+    def _merged_weights_kept(self) -> contextlib.AbstractContextManager[None]:
+        """The block of one optimizer step's passes, with the merged weights kept where asked."""
+        if self.merged is not None and self.keep_merged_weights:
+            return self.merged.weights_kept()
+        return contextlib.nullcontext()
 
     def _to_device(self, batch: TrainBatch) -> TrainBatch:
         moved = {
@@ -398,5 +410,6 @@ def create(config: TrainConfig, device: str, *, total_steps: int) -> PeftPolicyT
         logprob_chunk_rows=config.torch.log_probs_chunk_size,
         base_cpu_backup=config.lora.lora_base_cpu_backup,
         merged=config.lora.merged,
+        keep_merged_weights=config.torch.keep_merged_weights,
         seed=config.misc.seed,
     )

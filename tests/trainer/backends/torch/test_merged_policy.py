@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from peft.tuners.lora.layer import Linear
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
 from trainer import tiny
+from trainer.backends.base import TrainBatch
 from trainer.backends.lora_merge import LoraMerger, MergeError, merged_weight
 from trainer.backends.torch.merged_policy import MergedLinearFunction
 from trainer.backends.torch.trainer import PeftPolicyTrainer
@@ -82,7 +84,7 @@ def test_in_bf16_a_layer_computes_the_merged_weight_with_lora_s_gradients(device
     a = random(3, 12, dtype=torch.float32).requires_grad_()
     b = random(6, 3, dtype=torch.float32).requires_grad_()
     grad = random(2, 5, 6)
-    y = MergedLinearFunction.apply(x, base, bias, a, b, 0.5, torch.bfloat16)
+    y = MergedLinearFunction.apply(x, base, bias, a, b, 0.5, torch.bfloat16, None)
     y.backward(grad)
 
     weight = merged_weight(base, a.detach().bfloat16(), b.detach().bfloat16(), 0.5)
@@ -100,9 +102,10 @@ def test_in_bf16_a_layer_computes_the_merged_weight_with_lora_s_gradients(device
         torch.testing.assert_close(tensor.grad.double(), expected[name], atol=0.1, rtol=2e-2)
 
 
-def test_no_merged_weight_is_kept_for_backward(model_dir):
-    """Each layer merges again in backward: the forward keeps its input, not a merged copy of
-    every adapted weight until backward (0.88 GB at Qwen3-0.6B's shape, 7.3 GB at 4B's)."""
+def test_merging_in_every_pass_keeps_no_merged_weight_for_backward(model_dir):
+    """Outside `weights_kept` (``--no-keep-merged-weights``) each layer merges again in
+    backward: the forward keeps its input, not a merged copy of every adapted weight until
+    backward (0.88 GB at Qwen3-0.6B's shape, 7.3 GB at 4B's)."""
     trainer = make_trainer(model_dir, merged=True)
     served = list(trainer.merged.served().values())
     saved: list[torch.Tensor] = []
@@ -184,3 +187,81 @@ def test_a_saved_merged_trainer_loads_into_the_same_merged_policy(model_dir, tmp
         torch.testing.assert_close(loaded.model(input_ids=IDS).logits, expected)
         with loaded.merged.base_only():
             assert (loaded.model(input_ids=IDS).logits - expected).abs().max() > 1e-3
+
+
+def micro_batches(count: int) -> list[TrainBatch]:
+    generator = torch.Generator().manual_seed(2)
+    batches = []
+    for _ in range(count):
+        ids = torch.randint(3, 10, (2, 10), generator=generator)
+        loss_mask = torch.zeros(2, 9)
+        loss_mask[:, 4:] = 1
+        batches.append(TrainBatch(ids, torch.ones_like(ids), loss_mask))
+    return batches
+
+
+def mean_logprob_loss(out, batch):
+    mask = batch.loss_mask
+    return -(out.logprobs * mask).sum() / mask.sum(), {}
+
+
+class MergeCounter(TorchDispatchMode):
+    """Counts the merges: the only ``addmm`` of the tiny model (its linear layers have no bias)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.merges = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.merges += func is torch.ops.aten.addmm.default
+        return func(*args, **(kwargs or {}))
+
+
+def trained(trainer: PeftPolicyTrainer, batches: list[TrainBatch]) -> tuple[int, dict]:
+    """Merges of one optimizer step over `batches`, and the adapter after it."""
+    with MergeCounter() as counter:
+        trainer.train_step(batches, mean_logprob_loss)
+    params = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    return counter.merges, params
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "recomputed"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_kept_merged_weights_train_the_adapter_bit_for_bit_as_merging_in_every_pass(
+    model_dir, device, checkpointing
+):
+    """One merge per layer per optimizer step instead of one per pass (forward, recompute,
+    backward) of every micro-batch; in bf16, the same adapter after the step bit for bit.
+    Without checkpointing, the first layer's q, k and v projections do not merge in backward:
+    their input, the frozen embeddings' output, needs no gradient (checkpointing makes it
+    require one)."""
+    options = {"dtype": "bf16", "device": device, "gradient_checkpointing": checkpointing}
+    batches = micro_batches(3)
+    kept = make_trainer(model_dir, merged=True, **options)
+    per_pass = make_trainer(model_dir, merged=True, keep_merged_weights=False, **options)
+    layers = len(kept.merged.layers)
+    kept_merges, kept_params = trained(kept, batches)
+    per_pass_merges, per_pass_params = trained(per_pass, batches)
+    assert kept_merges == layers
+    passes, skipped = (3, 0) if checkpointing else (2, 3)
+    assert per_pass_merges == len(batches) * (passes * layers - skipped)
+    assert kept_params.keys() == per_pass_params.keys()
+    for name, param in kept_params.items():
+        assert torch.equal(param, per_pass_params[name]), name
+    assert all(layer.kept is None and not layer.keeping for layer in kept.merged.layers.values())
+
+
+def test_inside_weights_kept_the_merged_weights_are_what_backward_keeps(model_dir):
+    trainer = make_trainer(model_dir, merged=True)
+    saved: list[torch.Tensor] = []
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor)
+        return tensor
+
+    with trainer.merged.weights_kept():
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+            trainer.model(input_ids=IDS).logits.sum().backward()
+        kept = [layer.kept.weight for layer in trainer.merged.layers.values()]
+    for weight in kept:
+        assert any(t is weight for t in saved)
