@@ -76,7 +76,7 @@ class GRPOLoss:
 
     def __call__(
         self, out: ForwardOutput, batch: TrainBatch
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return grpo_loss(
             out.logprobs,
             batch.old_logprobs,

@@ -116,9 +116,11 @@ class ForwardOutput:
     entropy: torch.Tensor | None = None
 
 
-LossFn = Callable[[ForwardOutput, TrainBatch], tuple["torch.Tensor", dict[str, float]]]
+LossFn = Callable[[ForwardOutput, TrainBatch], tuple["torch.Tensor", dict[str, "torch.Tensor"]]]
 """Maps a micro-batch's forward output to (loss, metrics). The loss is already scaled for
-accumulation over the step's micro-batches; the trainer only calls backward on it."""
+accumulation over the step's micro-batches; the trainer only calls backward on it. The metrics
+are 0-dim tensors where the loss was computed (a GPU's): reading them is the trainer's, once
+per step, so that no micro-batch waits for the device."""
 
 
 @dataclass(frozen=True)

@@ -232,7 +232,7 @@ def grpo_loss(
     entropy: torch.Tensor | None = None,
     normalizer: Normalizer | None = None,
     rollout_logprobs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``pg_loss + kl_loss_coef * kl (with use_kl_loss) - entropy_coef * entropy``.
 
     `old_logprobs` None: on-policy, the one optimizer step of a rollout, whose old policy is
@@ -266,9 +266,9 @@ def grpo_loss(
     )
     ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0).exp().detach()
     metrics.update(
-        pg_loss=float(pg_loss.detach()),
-        pg_clipfrac=float(clip_fraction),
-        ppo_ratio=float(aggregate(ratio, mask, "token-mean", normalizer)),
+        pg_loss=pg_loss.detach(),
+        pg_clipfrac=clip_fraction.detach(),
+        ppo_ratio=aggregate(ratio, mask, "token-mean", normalizer),
     )
     loss = _regularized(pg_loss, config, logprobs, ref_logprobs, entropy, mask, normalizer, metrics)
     return loss, metrics
@@ -282,7 +282,7 @@ def _regularized(
     entropy: torch.Tensor | None,
     mask: torch.Tensor,
     normalizer: Normalizer,
-    metrics: dict[str, float],
+    metrics: dict[str, torch.Tensor],
 ) -> torch.Tensor:
     """`loss` ``+ kl_loss_coef * kl`` (with use_kl_loss) ``- entropy_coef * entropy``;
     `metrics` gains ``kl`` and ``entropy`` wherever they can be computed."""
@@ -294,12 +294,12 @@ def _regularized(
             normalizer,
             config.norm_length,
         )
-        metrics["kl"] = float(kl.detach())
+        metrics["kl"] = kl.detach()
         if config.use_kl_loss:
             loss = loss + config.kl_loss_coef * kl
     if entropy is not None:
         entropy_value = aggregate(entropy, mask, config.loss_agg, normalizer, config.norm_length)
-        metrics["entropy"] = float(entropy_value.detach())
+        metrics["entropy"] = entropy_value.detach()
         if config.entropy_coef:
             loss = loss - config.entropy_coef * entropy_value
     return loss
@@ -326,21 +326,21 @@ def _rollout_terms(
     rollout_logprobs: torch.Tensor | None,
     mask: torch.Tensor,
     normalizer: Normalizer,
-) -> tuple[torch.Tensor | None, dict[str, float]]:
+) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """What the rollout engine's log-probs give `grpo_loss`: the TIS weights (with `use_tis`)
     and the metrics of the mismatch between the engine and the trainer."""
     if rollout_logprobs is None:
         return None, {}
     mismatch = (old_logprobs - rollout_logprobs).abs()
     metrics = {
-        "train_rollout_logprob_abs_diff": float(aggregate(mismatch, mask, "token-mean", normalizer))
+        "train_rollout_logprob_abs_diff": aggregate(mismatch, mask, "token-mean", normalizer)
     }
     if not config.use_tis:
         return None, metrics
     weights, tis = truncated_importance_weights(
         old_logprobs, rollout_logprobs, config.tis_clip_low, config.tis_clip
     )
-    metrics["tis"] = float(aggregate(tis, mask, "token-mean", normalizer))
+    metrics["tis"] = aggregate(tis, mask, "token-mean", normalizer)
     clipped = (weights != tis).to(tis.dtype)
-    metrics["tis_clipfrac"] = float(aggregate(clipped, mask, "token-mean", normalizer))
+    metrics["tis_clipfrac"] = aggregate(clipped, mask, "token-mean", normalizer)
     return weights, metrics

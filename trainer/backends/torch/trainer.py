@@ -14,7 +14,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,13 +82,34 @@ def _enable_activation_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def _scatter(mask: Any, values: Any) -> Any:
-    """`values` (one per True of `mask`) into a zero tensor of `mask`'s shape."""
+@dataclass(frozen=True)
+class Layout:
+    """Where a micro-batch's tokens are, known on the host before its forward: on a GPU,
+    finding either from the device's copy of the masks would make the host wait for the
+    device, micro-batch after micro-batch."""
+
+    where: tuple[Any, Any]  # rows and columns of the loss tokens, on the trainer's device
+    # every row is its tokens then padding (`trainer.batching.pack`): causal attention alone
+    # keeps each token from the padding after it, so the model runs without the padding mask
+    causal_only: bool
+
+
+def _causal_masks(config: Any) -> dict[str, None] | None:
+    """The ``attention_mask`` that makes a transformers model attend causally alone: a mask
+    per layer type, none, where every layer attends fully (transformers then builds no mask,
+    and reads nothing of the device to decide so); else None (it builds its masks, sliding
+    windows included, from the positions)."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types and set(layer_types) == {"full_attention"}:
+        return {"full_attention": None}
+    return None
+
+
+def _scatter(shape: Any, where: tuple[Any, Any], values: Any) -> Any:
+    """`values` (one per position of `where`) into a zero tensor of `shape`."""
     import torch
 
-    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(
-        mask, values
-    )
+    return torch.zeros(shape, dtype=values.dtype, device=values.device).index_put(where, values)
 
 
 def _plain_head(base: Any) -> bool:
@@ -177,6 +198,7 @@ class PeftPolicyTrainer:
         if gradient_checkpointing:
             _enable_activation_checkpointing(base)
         self.plain_head = _plain_head(base)
+        self.causal_masks = _causal_masks(base.config)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = _adamw(self.params, optim, total_steps)
         self.steps = 0
@@ -190,25 +212,40 @@ class PeftPolicyTrainer:
         import torch
 
         self.model.eval()
+        layout = self._layout(batch)
         with torch.no_grad():
             if with_adapter:
-                out = self._forward(batch, with_entropy)
+                out = self._forward(batch, with_entropy, layout)
             else:
                 without = self.merged.base_only() if self.merged else self.model.disable_adapter()
                 with without:
-                    out = self._forward(batch, with_entropy)
+                    out = self._forward(batch, with_entropy, layout)
         entropy = None if out.entropy is None else out.entropy.cpu()
         return ForwardOutput(logprobs=out.logprobs.cpu(), entropy=entropy)
 
-    def _forward(self, batch: TrainBatch, with_entropy: bool) -> ForwardOutput:
+    def _layout(self, batch: TrainBatch) -> Layout:
+        """`batch`'s `Layout`, read from its masks on the host, where the loop builds them."""
+        import torch
+
+        rows, columns = (batch.loss_mask > 0).nonzero(as_tuple=True)
+        mask = batch.attention_mask.cpu()
+        return Layout(
+            where=(rows.to(self.device), columns.to(self.device)),
+            causal_only=torch.equal(mask, mask.cumprod(dim=1)),
+        )
+
+    def _forward(self, batch: TrainBatch, with_entropy: bool, layout: Layout) -> ForwardOutput:
+        """Log-probabilities (and entropy) of the tokens at ``layout.where``, 0 elsewhere."""
         import torch
 
         from trainer.grpo.logprobs import token_logprobs
 
+        where = layout.where
         input_ids = batch.input_ids.to(self.device)
-        attention_mask = batch.attention_mask.to(self.device)
-        mask = batch.loss_mask.to(self.device) > 0
-        targets = input_ids[:, 1:][mask]
+        attention_mask = (
+            self.causal_masks if layout.causal_only else batch.attention_mask.to(self.device)
+        )
+        targets = input_ids[:, 1:][where]
         base = self.model.get_base_model()
         mixed_precision = self.compute_dtype != torch.float32
         with torch.autocast(self.device.type, self.compute_dtype, enabled=mixed_precision):
@@ -216,10 +253,10 @@ class PeftPolicyTrainer:
                 hidden = base.get_decoder()(
                     input_ids=input_ids, attention_mask=attention_mask, use_cache=False
                 ).last_hidden_state
-                inputs, weight = hidden[:, :-1][mask], base.get_output_embeddings().weight
+                inputs, weight = hidden[:, :-1][where], base.get_output_embeddings().weight
             else:
                 logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-                inputs, weight = logits[:, :-1][mask], None
+                inputs, weight = logits[:, :-1][where], None
         logprobs, entropy = token_logprobs(
             inputs,
             targets,
@@ -229,9 +266,10 @@ class PeftPolicyTrainer:
             chunk_rows=self.logprob_chunk_rows,
             entropy_grad=self.entropy_grad and torch.is_grad_enabled(),
         )
+        shape = batch.loss_mask.shape
         return ForwardOutput(
-            logprobs=_scatter(mask, logprobs),
-            entropy=None if entropy is None else _scatter(mask, entropy),
+            logprobs=_scatter(shape, where, logprobs),
+            entropy=None if entropy is None else _scatter(shape, where, entropy),
         )
 
     def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> StepResult:
@@ -239,14 +277,15 @@ class PeftPolicyTrainer:
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
+        totals: dict[str, torch.Tensor] = {}  # on the device: read once, after the last
         with self._merged_weights_kept():
             for micro_batch in micro_batches:
                 on_device = self._to_device(micro_batch)
-                loss, metrics = loss_fn(self._forward(on_device, with_entropy=True), on_device)
+                out = self._forward(on_device, True, self._layout(micro_batch))
+                loss, metrics = loss_fn(out, on_device)
                 loss.backward()
                 for key, value in metrics.items():
-                    totals[key] = totals.get(key, 0.0) + float(value)
+                    totals[key] = totals[key] + value if key in totals else value
         self._average_gradients()
         clip = self.optim_settings.clip_grad if self.optim_settings.clip_grad > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
@@ -258,7 +297,11 @@ class PeftPolicyTrainer:
             self.optimizer.step()
             self.scheduler.step()
         self.steps += 1
-        metrics = {**totals, "lr": lr, "skipped_step": float(skipped)}
+        metrics = {
+            **{key: float(value) for key, value in totals.items()},
+            "lr": lr,
+            "skipped_step": float(skipped),
+        }
         return StepResult(grad_norm=grad_norm, metrics=metrics)
 
     def _merged_weights_kept(self) -> contextlib.AbstractContextManager[None]:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from peft import get_peft_model_state_dict
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer import tiny
 from trainer.backends.base import (
@@ -228,6 +230,67 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(model_dir):
         assert torch.allclose(p, q, atol=1e-6)
 
 
+class DeviceWaits(TorchDispatchMode):
+    """Counts the operations that make a GPU's host wait for the device: reading a value
+    (``.item()``, ``float()``) and indexing with a boolean mask (its count is the device's).
+    Counted on the CPU, where they cost nothing, to keep them out of the micro-batch loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        masked = func is torch.ops.aten.index.Tensor and any(
+            index is not None and index.dtype == torch.bool for index in args[1]
+        )
+        self.waits += masked or func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_host_reads_the_device_once_per_step_not_per_micro_batch(model_dir):
+    """The micro-batches' metrics stay on the device until the step's end, and the loss tokens
+    are found on the host's mask: a step of 4 micro-batches waits for the device as often as
+    a step of 1 (the gradient norm, the metrics, the optimizer's own)."""
+    engine = HFRolloutEngine(model_dir)
+    generations = engine.generate(PROMPTS * 4, SamplingParams(max_new_tokens=5, seed=4))
+    batches = [pack(generations[i : i + 3], [1.0, -1.0, 0.5], pad_id=0) for i in (0, 3, 6, 9)]
+    waits = []
+    for step in (batches[:1], batches):
+        trainer = make_trainer(model_dir)
+        for batch in step:
+            batch.rollout_logprobs = trainer.forward(batch, with_adapter=True).logprobs
+        loss_fn = GRPOLoss(GRPOConfig(), Normalizer.from_masks(b.loss_mask for b in step))
+        with DeviceWaits() as counter:
+            result = trainer.train_step(step, loss_fn)
+        assert {"pg_loss", "entropy", "train_rollout_logprob_abs_diff"} <= result.metrics.keys()
+        waits.append(counter.waits)
+    assert waits[0] == waits[1] > 0
+
+
+def test_right_padded_rows_attend_causally_without_their_padding_mask(model_dir):
+    """Every row of a packed batch is its tokens then padding: causal attention alone gives each
+    loss token the log-probability the padding mask gives it; a row with a hole keeps the mask."""
+    engine = HFRolloutEngine(model_dir)
+    generations = engine.generate(PROMPTS * 2, SamplingParams(max_new_tokens=6, seed=2))
+    cut = [  # responses of several lengths: padded rows
+        replace(g, response_ids=g.response_ids[:n], response_logprobs=g.response_logprobs[:n])
+        for g, n in zip(generations, (6, 2, 4, 1, 5, 3), strict=True)
+    ]
+    batch = pack(cut, [1.0] * 6, pad_id=0)
+    assert not batch.attention_mask.all()
+    trainer = make_trainer(model_dir)
+    layout = trainer._layout(batch)
+    assert layout.causal_only
+    with torch.no_grad():
+        causal = trainer._forward(batch, True, layout)
+        masked = trainer._forward(batch, True, replace(layout, causal_only=False))
+    torch.testing.assert_close(causal.logprobs, masked.logprobs, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(causal.entropy, masked.entropy, atol=1e-6, rtol=1e-6)
+    holed = replace(batch, attention_mask=batch.attention_mask.clone())
+    holed.attention_mask[0, 1] = 0
+    assert not trainer._layout(holed).causal_only
+
+
 def test_adapter_reaches_the_engine_in_memory(model_dir):
     engine = HFRolloutEngine(model_dir)
     trainer = make_trainer(model_dir)
@@ -385,9 +448,9 @@ def test_log_probs_chunk_size_chunks_without_changing_the_values(model_dir) -> N
 
 class FullLogitsTrainer(PeftPolicyTrainer):
     """The trainer as it was before `trainer.grpo.logprobs`: float32 log-softmax over full
-    logits."""
+    logits, on every position (the loss masks them)."""
 
-    def _forward(self, batch: TrainBatch, with_entropy: bool) -> ForwardOutput:
+    def _forward(self, batch: TrainBatch, with_entropy: bool, layout: object) -> ForwardOutput:
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         scaled = logits[:, :-1].float() / self.temperature
         logprobs = scaled.log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
