@@ -1,7 +1,9 @@
 """What training the merged policy costs the PEFT trainer (``--lora-serving merged``,
 `trainer.backends.torch.merged_policy`) against training the adapter, side by side in one process:
 the merged policy with its merged weights kept for the step (``merged``, the default) and merged
-again in every pass (``merged-per-pass``, ``--no-keep-merged-weights``).
+again in every pass (``merged-per-pass``, ``--no-keep-merged-weights``); with `--compile-layers`
+also the merged policy with each decoder layer compiled (``merged-compiled``,
+``--torch-compile-layers``: its compile happens in the warm-up step).
 
 Two trainers of `grpo_vs_trl.py`'s model and LoRA (r64, alpha 32, all linear layers, bf16 on a
 GPU) take turns at optimizer steps over the same micro-batches (`--micro-batches` x
@@ -40,6 +42,13 @@ SERVINGS = {
     "merged": {"merged": True},
     "merged-per-pass": {"merged": True, "keep_merged_weights": False},
 }
+
+
+def servings(compile_layers: bool) -> dict[str, dict[str, bool]]:
+    """The trainers to run, by name, with their `PeftPolicyTrainer` options."""
+    if not compile_layers:
+        return SERVINGS
+    return {**SERVINGS, "merged-compiled": {"merged": True, "compile_layers": True}}
 
 
 def micro_batches(spec: Spec, count: int, vocab: int) -> list[Any]:
@@ -92,6 +101,9 @@ def main(argv: list[str] | None = None) -> None:
         "--gradient-checkpointing", action="store_true", help="recompute in backward (all three)"
     )
     parser.add_argument(
+        "--compile-layers", action="store_true", help="also the merged trainer, layers compiled"
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="profile one more step of each trainer"
     )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
@@ -125,13 +137,13 @@ def main(argv: list[str] | None = None) -> None:
                 gradient_checkpointing=options.gradient_checkpointing,
                 **options_of,
             )
-            for serving, options_of in SERVINGS.items()
+            for serving, options_of in servings(options.compile_layers).items()
         }
         vocab = trainers["adapter"].model.get_base_model().config.vocab_size
         batches = micro_batches(spec, options.micro_batches, vocab)
         loss_fn = mean_logprob_loss(len(batches))
-        times: dict[str, list[float]] = {serving: [] for serving in SERVINGS}
-        peaks: dict[str, int] = dict.fromkeys(SERVINGS, 0)
+        times: dict[str, list[float]] = {serving: [] for serving in trainers}
+        peaks: dict[str, int] = dict.fromkeys(trainers, 0)
         for step in range(options.steps + 1):  # the first step warms up
             for serving, trainer in trainers.items():
                 if cuda:
@@ -162,11 +174,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"{'trainer':<15} {'median s':>9} {'min s':>8} {'peak allocated GiB':>19}")
     medians = {}
-    for serving in SERVINGS:
+    for serving in times:
         medians[serving] = statistics.median(times[serving])
         peak = f"{peaks[serving] / 2**30:.2f}" if cuda else "n/a"
         print(f"{serving:<15} {medians[serving]:>9.3f} {min(times[serving]):>8.3f} {peak:>19}")
-    for serving in ("merged", "merged-per-pass"):
+    for serving in list(times)[1:]:
         print(f"{serving} / adapter step time: {medians[serving] / medians['adapter']:.2f}x")
     print(f"merged weights equal the engine's merge bit for bit: {'yes' if exact else 'NO'}")
     if profiles:

@@ -35,3 +35,10 @@ def test_counts_below_one_are_usage_errors(capsys):
         merged_training.main(["--device", "cpu", "--tiny", "--steps", "0"])
     assert exit_info.value.code == 2
     assert "--steps, --micro-batches and --micro-batch must be >= 1" in capsys.readouterr().err
+
+
+def test_compile_layers_adds_the_merged_trainer_with_its_layers_compiled():
+    assert list(merged_training.servings(False)) == ["adapter", "merged", "merged-per-pass"]
+    compiled = merged_training.servings(True)
+    assert list(compiled)[:3] == ["adapter", "merged", "merged-per-pass"]
+    assert compiled["merged-compiled"] == {"merged": True, "compile_layers": True}

@@ -16,6 +16,13 @@ class TorchConfig:
         False,
         help="torch backend: recompute decoder activations in backward (Megatron: --recompute-*)",
     )
+    torch_compile_layers: bool = flag(
+        False,
+        help="torch backend: compile each decoder layer with torch.compile (one graph serves "
+        "every layer; with --gradient-checkpointing the checkpoint is compiled with it): fewer, "
+        "fused kernels for a training step whose GPU waits on the host launching them; the first "
+        "steps compile, and a new sequence length once more",
+    )
     keep_merged_weights: bool = flag(
         True,
         negated="--no-keep-merged-weights",

@@ -121,8 +121,7 @@ class MergedLinear(torch.nn.Module):
         self.adapter = adapter
         self.dtype = dtype
         self.merging = True
-        self.keeping = False  # merge once and keep it (`MergedPolicy.weights_kept`)
-        self.kept: KeptMerge | None = None
+        self.kept: KeptMerge | None = None  # inside `MergedPolicy.weights_kept`
 
     def _adapter(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         layer, adapter = self._layer[0], self.adapter
@@ -133,17 +132,11 @@ class MergedLinear(torch.nn.Module):
         if not self.merging:
             return torch.nn.functional.linear(x, self.weight, self.bias)
         a, b, scaling = self._adapter()
-        kept = self._kept() if self.keeping else None
         return MergedLinearFunction.apply(
-            x, self.weight, self.bias, a, b, scaling, self.dtype, kept
+            x, self.weight, self.bias, a, b, scaling, self.dtype, self.kept
         )
 
-    def _kept(self) -> KeptMerge:
-        if self.kept is None:
-            self.kept = self._merge_now()
-        return self.kept
-
-    def _merge_now(self) -> KeptMerge:
+    def merge_now(self) -> KeptMerge:
         a, b, scaling = self._adapter()
         with torch.no_grad():
             a, b = a.to(self.dtype), b.to(self.dtype)
@@ -151,7 +144,7 @@ class MergedLinear(torch.nn.Module):
 
     def merged(self) -> torch.Tensor:
         """The weight this layer computes with while merging."""
-        return self._merge_now().weight
+        return self.merge_now().weight
 
 
 class MergedPolicy:
@@ -188,16 +181,16 @@ class MergedPolicy:
 
     @contextmanager
     def weights_kept(self) -> Iterator[None]:
-        """Inside the block each layer merges at its first pass and computes every later pass
-        with that copy (the module's doc); the copies are dropped at its end. A and B must not
+        """Every layer merges at the block's start and computes all the block's passes with
+        that copy (the module's doc); the copies are dropped at its end. A and B must not
         change inside the block: it spans the passes between two optimizer steps."""
         for layer in self.layers.values():
-            layer.keeping = True
+            layer.kept = layer.merge_now()
         try:
             yield
         finally:
             for layer in self.layers.values():
-                layer.keeping, layer.kept = False, None
+                layer.kept = None
 
     def served(self) -> dict[str, torch.Tensor]:
         """The weights the trainer computes with, under the names the engines' merge gives them

@@ -105,6 +105,26 @@ def _causal_masks(config: Any) -> dict[str, None] | None:
     return None
 
 
+def _compile_decoder_layers(model: Any) -> None:
+    """`torch.compile` each decoder layer of `model` (regional compilation, as Unsloth compiles
+    its models: the layers share one code object, so one graph serves them all). Under
+    activation checkpointing, transformers' checkpoint wraps the compiled call, and dynamo
+    compiles the checkpoint with the layer if it may leave transformers' output-capturing
+    context variable unreplayed in the recompute (nothing here captures outputs); it would
+    otherwise run every layer eagerly."""
+    import torch
+
+    layers = getattr(model.get_decoder(), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(
+            f"--torch-compile-layers: {type(model).__name__} has no list of decoder layers to "
+            "compile; run without it"
+        )
+    torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+    for layer in layers:
+        layer.compile()
+
+
 def _scatter(shape: Any, where: tuple[Any, Any], values: Any) -> Any:
     """`values` (one per position of `where`) into a zero tensor of `shape`."""
     import torch
@@ -160,6 +180,7 @@ class PeftPolicyTrainer:
         base_cpu_backup: bool = False,
         merged: bool = False,
         keep_merged_weights: bool = True,
+        compile_layers: bool = False,
         seed: int = 0,
     ) -> None:
         """`total_steps`: optimizer steps of the run (the LR schedule's length).
@@ -172,7 +193,8 @@ class PeftPolicyTrainer:
         merged (``--lora-serving merged``), so the policy trained is the merged one
         (`trainer.backends.torch.merged_policy`). `keep_merged_weights`: merged, each layer
         merges once per optimizer step and keeps that copy for the step's passes
-        (`MergedPolicy.weights_kept`), else it merges again in every pass."""
+        (`MergedPolicy.weights_kept`), else it merges again in every pass. `compile_layers`:
+        each decoder layer compiled (`_compile_decoder_layers`)."""
         import torch
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
@@ -197,6 +219,8 @@ class PeftPolicyTrainer:
         self.keep_merged_weights = keep_merged_weights
         if gradient_checkpointing:
             _enable_activation_checkpointing(base)
+        if compile_layers:
+            _compile_decoder_layers(base)
         self.plain_head = _plain_head(base)
         self.causal_masks = _causal_masks(base.config)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -454,5 +478,6 @@ def create(config: TrainConfig, device: str, *, total_steps: int) -> PeftPolicyT
         base_cpu_backup=config.lora.lora_base_cpu_backup,
         merged=config.lora.merged,
         keep_merged_weights=config.torch.keep_merged_weights,
+        compile_layers=config.torch.torch_compile_layers,
         seed=config.misc.seed,
     )

@@ -248,7 +248,7 @@ def test_kept_merged_weights_train_the_adapter_bit_for_bit_as_merging_in_every_p
     assert kept_params.keys() == per_pass_params.keys()
     for name, param in kept_params.items():
         assert torch.equal(param, per_pass_params[name]), name
-    assert all(layer.kept is None and not layer.keeping for layer in kept.merged.layers.values())
+    assert all(layer.kept is None for layer in kept.merged.layers.values())
 
 
 def test_inside_weights_kept_the_merged_weights_are_what_backward_keeps(model_dir):

@@ -1,0 +1,100 @@
+"""``--torch-compile-layers``: each decoder layer of the PEFT trainer's model compiled with
+torch.compile, on the CPU's tiny model (inductor's C++ kernels; on a GPU, Triton's)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from trainer import tiny
+from trainer.backends.base import TrainBatch
+from trainer.backends.torch.trainer import PeftPolicyTrainer, _compile_decoder_layers
+from trainer.config import LoraConfig, OptimizerConfig
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("tiny")
+    tiny.build(root / "model", root / "data", seed=3)
+    return str(root / "model")
+
+
+def make_trainer(model_dir: str, **options) -> PeftPolicyTrainer:
+    """A trainer whose adapter is away from the base (B random, the same for every call)."""
+    trainer = PeftPolicyTrainer(
+        model_dir, LoraConfig(lora_rank=4, lora_alpha=8.0), OptimizerConfig(lr=1e-2),
+        total_steps=10, **options,
+    )  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in sorted(trainer.model.named_parameters()):
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    return trainer
+
+
+def micro_batches(lengths: list[int]) -> list[TrainBatch]:
+    """One micro-batch of 2 rows per length (prompt of 4 tokens, the rest response)."""
+    generator = torch.Generator().manual_seed(2)
+    batches = []
+    for length in lengths:
+        ids = torch.randint(3, 10, (2, length), generator=generator)
+        loss_mask = torch.zeros(2, length - 1)
+        loss_mask[:, 3:] = 1
+        batches.append(TrainBatch(ids, torch.ones_like(ids), loss_mask))
+    return batches
+
+
+def mean_logprob_loss(out, batch):
+    mask = batch.loss_mask
+    return -(out.logprobs * mask).sum() / mask.sum(), {}
+
+
+def gradients(trainer: PeftPolicyTrainer, batches: list[TrainBatch]) -> dict[str, torch.Tensor]:
+    trainer.train_step(batches, mean_logprob_loss)
+    return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize(
+    ("options", "graphs"),
+    [
+        ({"merged": True, "gradient_checkpointing": True}, 2),
+        pytest.param({"merged": False}, 4, marks=pytest.mark.slow),  # a minute of compiling
+    ],
+    ids=["merged-recomputed", "adapter"],
+)
+def test_compiled_layers_take_the_eager_layers_gradient_without_graph_breaks(
+    model_dir, options, graphs
+):
+    """Two steps over micro-batches of two lengths: the same gradients as the eager model to
+    float32's precision, and every layer runs compiled: one graph serves all the layers, and
+    one more once the length changes (then dynamic in it). Without checkpointing the first
+    layer's input, the frozen embeddings' output, needs no gradient: a graph of its own."""
+    torch._dynamo.reset()
+    counters.clear()
+    batches = micro_batches([10, 10, 14])
+    eager = make_trainer(model_dir, **options)
+    compiled = make_trainer(model_dir, compile_layers=True, **options)
+    for _ in range(2):
+        expected, got = gradients(eager, batches), gradients(compiled, batches)
+        assert got.keys() == expected.keys() and len(got) > 0
+        for name, grad in got.items():
+            torch.testing.assert_close(grad, expected[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert not counters["graph_break"]
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert compiled.merged is None or all(
+        layer.kept is None for layer in compiled.merged.layers.values()
+    )
+
+
+def test_a_model_without_a_layer_list_is_refused():
+    class Decoder(torch.nn.Module):
+        pass
+
+    class Model(torch.nn.Module):
+        def get_decoder(self) -> torch.nn.Module:
+            return Decoder()
+
+    with pytest.raises(ValueError, match="--torch-compile-layers: Model has no list of decoder"):
+        _compile_decoder_layers(Model())
