@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from tests.support.tiny_training import away_from_base, mean_logprob_loss, micro_batches
 from trainer import tiny
 from trainer.backends.base import TrainBatch
 from trainer.backends.torch.trainer import PeftPolicyTrainer, _compile_decoder_layers
@@ -21,34 +22,8 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def make_trainer(model_dir: str, **options) -> PeftPolicyTrainer:
-    """A trainer whose adapter is away from the base (B random, the same for every call)."""
-    trainer = PeftPolicyTrainer(
-        model_dir, LoraConfig(lora_rank=4, lora_alpha=8.0), OptimizerConfig(lr=1e-2),
-        total_steps=10, **options,
-    )  # fmt: skip
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in sorted(trainer.model.named_parameters()):
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-    return trainer
-
-
-def micro_batches(lengths: list[int]) -> list[TrainBatch]:
-    """One micro-batch of 2 rows per length (prompt of 4 tokens, the rest response)."""
-    generator = torch.Generator().manual_seed(2)
-    batches = []
-    for length in lengths:
-        ids = torch.randint(3, 10, (2, length), generator=generator)
-        loss_mask = torch.zeros(2, length - 1)
-        loss_mask[:, 3:] = 1
-        batches.append(TrainBatch(ids, torch.ones_like(ids), loss_mask))
-    return batches
-
-
-def mean_logprob_loss(out, batch):
-    mask = batch.loss_mask
-    return -(out.logprobs * mask).sum() / mask.sum(), {}
+    lora, optim = LoraConfig(lora_rank=4, lora_alpha=8.0), OptimizerConfig(lr=1e-2)
+    return away_from_base(PeftPolicyTrainer(model_dir, lora, optim, total_steps=10, **options))
 
 
 def gradients(trainer: PeftPolicyTrainer, batches: list[TrainBatch]) -> dict[str, torch.Tensor]:

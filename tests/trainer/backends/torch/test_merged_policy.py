@@ -10,6 +10,7 @@ from peft.tuners.lora.layer import Linear
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
+from tests.support.tiny_training import away_from_base, mean_logprob_loss, micro_batches
 from trainer import tiny
 from trainer.backends.base import TrainBatch
 from trainer.backends.lora_merge import LoraMerger, MergeError, merged_weight
@@ -41,14 +42,7 @@ def new_trainer(model_dir: str, *, merged: bool, **options) -> PeftPolicyTrainer
 
 
 def make_trainer(model_dir: str, *, merged: bool, **options) -> PeftPolicyTrainer:
-    """A trainer whose adapter is away from the base (B random, the same for every call)."""
-    trainer = new_trainer(model_dir, merged=merged, **options)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in sorted(trainer.model.named_parameters()):
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-    return trainer
+    return away_from_base(new_trainer(model_dir, merged=merged, **options))
 
 
 def logits_and_grads(trainer: PeftPolicyTrainer) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -189,22 +183,6 @@ def test_a_saved_merged_trainer_loads_into_the_same_merged_policy(model_dir, tmp
             assert (loaded.model(input_ids=IDS).logits - expected).abs().max() > 1e-3
 
 
-def micro_batches(count: int) -> list[TrainBatch]:
-    generator = torch.Generator().manual_seed(2)
-    batches = []
-    for _ in range(count):
-        ids = torch.randint(3, 10, (2, 10), generator=generator)
-        loss_mask = torch.zeros(2, 9)
-        loss_mask[:, 4:] = 1
-        batches.append(TrainBatch(ids, torch.ones_like(ids), loss_mask))
-    return batches
-
-
-def mean_logprob_loss(out, batch):
-    mask = batch.loss_mask
-    return -(out.logprobs * mask).sum() / mask.sum(), {}
-
-
 class MergeCounter(TorchDispatchMode):
     """Counts the merges: the only ``addmm`` of the tiny model (its linear layers have no bias)."""
 
@@ -236,7 +214,7 @@ def test_kept_merged_weights_train_the_adapter_bit_for_bit_as_merging_in_every_p
     their input, the frozen embeddings' output, needs no gradient (checkpointing makes it
     require one)."""
     options = {"dtype": "bf16", "device": device, "gradient_checkpointing": checkpointing}
-    batches = micro_batches(3)
+    batches = micro_batches([10, 10, 10], prompt=5)
     kept = make_trainer(model_dir, merged=True, **options)
     per_pass = make_trainer(model_dir, merged=True, keep_merged_weights=False, **options)
     layers = len(kept.merged.layers)
