@@ -63,6 +63,32 @@ def test_compiled_layers_take_the_eager_layers_gradient_without_graph_breaks(
     )
 
 
+@pytest.mark.cuda_gpu
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "recomputed"])
+def test_on_a_gpu_compiled_layers_train_the_merged_policy_as_eager_ones_do(
+    model_dir, checkpointing
+):
+    """In bf16 with Triton's kernels: the first step's gradients as the eager layers give them,
+    to bf16's precision; a second step (the weights moved, a new length) without a graph
+    break."""
+    torch._dynamo.reset()
+    counters.clear()
+    options = {
+        "merged": True,
+        "dtype": "bf16",
+        "device": "cuda",
+        "gradient_checkpointing": checkpointing,
+    }
+    batches = micro_batches([10, 10, 14])
+    eager = make_trainer(model_dir, **options)
+    compiled = make_trainer(model_dir, compile_layers=True, **options)
+    expected, got = gradients(eager, batches), gradients(compiled, batches)
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, expected[name], atol=1e-3, rtol=2e-2, msg=name)
+    compiled.train_step(micro_batches([12, 16]), mean_logprob_loss)
+    assert not counters["graph_break"]
+
+
 def test_a_model_without_a_layer_list_is_refused():
     class Decoder(torch.nn.Module):
         pass
