@@ -305,7 +305,8 @@ class PeftPolicyTrainer:
         with self._merged_weights_kept():
             for micro_batch in micro_batches:
                 on_device = self._to_device(micro_batch)
-                out = self._forward(on_device, True, self._layout(micro_batch))
+                layout = self._layout(micro_batch)
+                out = self._forward(on_device, with_entropy=True, layout=layout)
                 loss, metrics = loss_fn(out, on_device)
                 loss.backward()
                 for key, value in metrics.items():
