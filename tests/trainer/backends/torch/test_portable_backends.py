@@ -6,6 +6,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from trainer.backends.base import (
 )
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.torch.rollout import HFRolloutEngine
-from trainer.backends.torch.trainer import PeftPolicyTrainer, lr_factor
+from trainer.backends.torch.trainer import PeftPolicyTrainer, _causal_masks, lr_factor
 from trainer.batching import pack
 from trainer.config import LoraConfig, OptimizerConfig
 from trainer.grpo.loss import GRPOConfig, Normalizer, entropy_from_logits
@@ -289,6 +290,16 @@ def test_right_padded_rows_attend_causally_without_their_padding_mask(model_dir)
     holed = replace(batch, attention_mask=batch.attention_mask.clone())
     holed.attention_mask[0, 1] = 0
     assert not trainer._layout(holed).causal_only
+
+
+def test_only_fully_attending_models_get_no_mask_at_all():
+    """Sliding-window layers need their window's mask: transformers builds it from the
+    positions; so does a model without layer types."""
+    full = SimpleNamespace(layer_types=["full_attention", "full_attention"])
+    sliding = SimpleNamespace(layer_types=["full_attention", "sliding_attention"])
+    assert _causal_masks(full) == {"full_attention": None}
+    assert _causal_masks(sliding) is None
+    assert _causal_masks(SimpleNamespace()) is None
 
 
 def test_adapter_reaches_the_engine_in_memory(model_dir):
