@@ -135,6 +135,7 @@ SGLANG_FLAGS = (
     "--sglang-disable-prefill-cuda-graph --sglang-log-level warning"
 )
 # ours' --sglang-mem-fraction-static where that holds the KV cache of a step (`engine_fraction`)
+FRACTION_FLAG = "--sglang-mem-fraction-static"
 SGLANG_FRACTION = 0.15
 SGLANG_FRACTION_MAX = 0.85  # beyond it SGLang runs the samples in turns: the rest is the trainer's
 # ours' colocated memory (`--ours-memory`): swapped around training with the base backed up on
@@ -454,11 +455,9 @@ def kv_cache_tokens(spec: Spec) -> int:
     return math.ceil(1.25 * spec.prompts * spec.samples * (spec.prompt_len + spec.response_len))
 
 
-def sglang_flags(spec: Spec, fraction: float = SGLANG_FRACTION) -> list[str]:
-    return [
-        *shlex.split(SGLANG_FLAGS), "--sglang-mem-fraction-static", f"{fraction:g}",
-        "--sglang-max-total-tokens", str(kv_cache_tokens(spec)),
-    ]  # fmt: skip
+def sglang_flags(spec: Spec) -> list[str]:
+    """Ours' SGLang flags but its fraction (`SGLANG_FRACTION`, else `engine_fraction`)."""
+    return [*shlex.split(SGLANG_FLAGS), "--sglang-max-total-tokens", str(kv_cache_tokens(spec))]
 
 
 def engine_fraction(spec: Spec, config: TrainConfig, free: int) -> float:
@@ -486,21 +485,31 @@ def engine_fraction(spec: Spec, config: TrainConfig, free: int) -> float:
     return min(SGLANG_FRACTION_MAX, max(SGLANG_FRACTION, needed))
 
 
-def ours_config(spec: Spec, steps: int, device: str, extra: tuple[str, ...] = ()) -> TrainConfig:
-    """Ours' train.py config (`ours_argv` and `extra`) with SGLang's memory sized on the GPU
-    `device` (`engine_fraction`); `--ours-flags` may set another fraction."""
+def ours_config(
+    spec: Spec,
+    steps: int,
+    memory: Callable[[], DeviceMemory],
+    extra: tuple[str, ...] = (),
+) -> TrainConfig:
+    """Ours' train.py config (`ours_argv` and `extra`) with SGLang's memory sized on its GPU,
+    whose memory `memory` measures (`engine_fraction`), unless `--ours-flags` or `extra` set
+    the fraction."""
+    from dataclasses import replace
+
     from trainer.arguments import parse_args
 
+    flags = [*spec.ours_flags, *extra]
     config = parse_args([*ours_argv(spec, steps), *extra])
-    if config.placement.rollout_backend != "sglang":
+    chosen = any(flag.split("=", 1)[0] == FRACTION_FLAG for flag in flags)
+    if config.placement.rollout_backend != "sglang" or chosen:
         return config
-    fraction = engine_fraction(spec, config, device_memory(device).free)
+    fraction = engine_fraction(spec, config, memory().free)
     if fraction != SGLANG_FRACTION:
-        print(f"ours: --sglang-mem-fraction-static {fraction:g}, which holds a step's KV cache")
-    return parse_args([*ours_argv(spec, steps, fraction), *extra])
+        print(f"ours: {FRACTION_FLAG} {fraction:g}, which holds a step's KV cache")
+    return replace(config, sglang=replace(config.sglang, sglang_mem_fraction_static=fraction))
 
 
-def ours_argv(spec: Spec, steps: int, fraction: float = SGLANG_FRACTION) -> list[str]:
+def ours_argv(spec: Spec, steps: int) -> list[str]:
     cuda = spec.device.startswith("cuda")
     argv = [
         "--hf-checkpoint", spec.model_dir, "--prompt-data", spec.prompt_file,
@@ -521,7 +530,8 @@ def ours_argv(spec: Spec, steps: int, fraction: float = SGLANG_FRACTION) -> list
     if spec.gradient_checkpointing:
         argv.append("--gradient-checkpointing")
     if spec.rollout_backend == "sglang":
-        argv += [*sglang_flags(spec, fraction), *OURS_MEMORY[spec.ours_memory]]
+        argv += [*sglang_flags(spec), FRACTION_FLAG, str(SGLANG_FRACTION)]
+        argv += OURS_MEMORY[spec.ours_memory]
     return argv + spec.ours_flags
 
 
@@ -545,12 +555,13 @@ class Ours:
 
         self.spec = spec
         device = "cuda:0" if spec.device.startswith("cuda") else "cpu"
-        args = ours_config(spec, steps, device)
+        memory = functools.partial(device_memory, device)
+        args = ours_config(spec, steps, memory)
         args = colocate_memory.resolve(
             args,
             colocate_memory.model_shape_for(args),
             device=device.split(":")[0],
-            device_memory=lambda: device_memory(device),
+            device_memory=memory,
         )
         tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
         colocation = Colocation.start_engines_first(

@@ -35,6 +35,7 @@ the GPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import shlex
@@ -58,6 +59,7 @@ from benchmarks.grpo_vs_trl import (
     build_inputs,
     count_params,
     decode_bound,
+    device_memory,
     ours_config,
     projection_shapes,
     prompts_of,
@@ -112,7 +114,8 @@ def measure(spec: Spec, serving: str, repeats: int, profile: bool, conn: Connect
         from trainer.backends import registry
         from trainer.backends.base import SamplingParams
 
-        args = ours_config(spec, 1, "cuda:0", ("--lora-serving", serving))
+        memory = functools.partial(device_memory, "cuda:0")
+        args = ours_config(spec, 1, memory, ("--lora-serving", serving))
         engine = registry.create_rollout(args, "cuda:0")
         adapter = random_adapter(spec, spec.seed)
         updates = []
@@ -220,8 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         }
     base, lora = count_params(spec)
     bound = decode_bound(spec, bandwidth, base, lora)
-    fraction = next(iter(results.values()))["fraction"]
-    flags = shlex.join(sglang_flags(spec, fraction))
+    flags = shlex.join(sglang_flags(spec))
     print(f"\n{options.shape}, 8 prompts x 8 samples, 256 + 512 tokens, decode bound {bound:.0f} "
           f"tok/s at {source}; {flags} {options.ours_flags}")  # fmt: skip
     for variant, flags in variants.items():
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     width = max(7, *map(len, variants))
     print(
         f"{'variant':<{width}} {'serving':<8} {'seeds':<9} {'median s':>9} {'tok/s':>8} "
-        f"{'of bound':>9} {'update s':>9}"
+        f"{'of bound':>9} {'update s':>9} {'fraction':>9}"
     )
     for (variant, serving), r in results.items():
         update = statistics.median(r["updates"])
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             rate = r["tokens"][kind] / sum(times)
             print(
                 f"{variant:<{width}} {serving:<8} {kind:<9} {statistics.median(times):>9.3f} "
-                f"{rate:>8.0f} {rate / bound:>9.1%} {update:>9.3f}"
+                f"{rate:>8.0f} {rate / bound:>9.1%} {update:>9.3f} {r['fraction']:>9g}"
             )
     for (variant, serving), r in results.items():
         if "profile" in r:

@@ -265,7 +265,7 @@ def rayjob_yaml(ctx: LaunchContext, args: LauncherArgs, manifest: Mapping[str, A
         f"The image holds this checkout at {args.image_checkout}; the model, data and output",
         "paths of the entrypoint are the pods' (mounted with --pvc, or in the image).",
     ]
-    argv = shlex.split(manifest["spec"]["entrypoint"])[2:]  # after python3 train.py
+    argv = shlex.split(manifest["spec"]["entrypoint"])
     header += [f"Pinned set of its packages: {line}" for line in pinned_sets.described(argv)]
     if create := secret_command(manifest):
         header += ["Its secrets come from a Secret of yours, never from this file:", f"  {create}"]

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from trainer.job.memory_estimate import DeviceMemory
 from trainer.tiny import vocabulary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -477,8 +478,21 @@ def test_ours_sglang_fraction_holds_a_step_s_kv_cache_on_the_device_at_hand(benc
     assert bench.engine_fraction(spec, config, free=100 * needed) == 0.15
     assert bench.engine_fraction(spec, config, free=4 * needed) == 0.25
     assert bench.engine_fraction(spec, config, free=needed) == 0.85
-    argv = bench.ours_argv(spec, steps=1, fraction=0.25)
-    assert parse_args(argv).sglang.sglang_mem_fraction_static == 0.25
+
+
+def test_ours_config_takes_the_sized_fraction_unless_the_ours_flags_set_one(bench, tmp_path):
+    spec = tiny_spec(bench, tmp_path, device="cuda", rollout_backend="sglang")
+    bench.build_inputs(spec, rows=8)
+
+    def full() -> DeviceMemory:  # one byte free: the most the fraction takes
+        return DeviceMemory(free=1, total=1)
+
+    assert bench.ours_config(spec, 1, full).sglang.sglang_mem_fraction_static == 0.85
+    for flags in (["--sglang-mem-fraction-static=0.3"], ["--sglang-mem-fraction-static", "0.3"]):
+        chosen = tiny_spec(
+            bench, tmp_path, device="cuda", rollout_backend="sglang", ours_flags=flags
+        )
+        assert bench.ours_config(chosen, 1, full).sglang.sglang_mem_fraction_static == 0.3
 
 
 def test_ours_memory_auto_leaves_the_choice_to_train_py(bench):

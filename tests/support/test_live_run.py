@@ -40,7 +40,7 @@ def test_the_interrupt_reaches_a_run_started_where_sigint_is_ignored(tmp_path, m
 
 
 QUIET_CHILD = """
-import pathlib, sys, time
+import time
 
 def waiting_on_purpose():
     time.sleep(60)

@@ -1,9 +1,14 @@
 """Training inputs for the PEFT trainer's tests on the tiny model: an adapter moved away from
-the base, micro-batches of random tokens, and a loss that needs no rollout."""
+the base, micro-batches of random tokens, a loss that needs no rollout; and a count of the
+operations a step dispatches."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer.backends.base import ForwardOutput, TrainBatch
 from trainer.backends.torch.trainer import PeftPolicyTrainer
@@ -39,3 +44,16 @@ def mean_logprob_loss(
     """Minus the mean log-probability of the response tokens."""
     mask = batch.loss_mask
     return -(out.logprobs * mask).sum() / mask.sum(), {}
+
+
+class CountedOps(TorchDispatchMode):
+    """Within, counts the aten operations for which `counted(func, args)` holds."""
+
+    def __init__(self, counted: Callable[[Any, tuple[Any, ...]], bool]) -> None:
+        super().__init__()
+        self.counted = counted
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += self.counted(func, args)
+        return func(*args, **(kwargs or {}))

@@ -137,14 +137,11 @@ class MergedLinear(torch.nn.Module):
         )
 
     def merge_now(self) -> KeptMerge:
+        """The weight this layer computes with while merging, from A and B as they are now."""
         a, b, scaling = self._adapter()
         with torch.no_grad():
             a, b = a.to(self.dtype), b.to(self.dtype)
             return KeptMerge(_merge(self.weight, a, b, scaling), a, b)
-
-    def merged(self) -> torch.Tensor:
-        """The weight this layer computes with while merging."""
-        return self.merge_now().weight
 
 
 class MergedPolicy:
@@ -195,4 +192,4 @@ class MergedPolicy:
     def served(self) -> dict[str, torch.Tensor]:
         """The weights the trainer computes with, under the names the engines' merge gives them
         (``model.layers.0.self_attn.q_proj.weight``, ...)."""
-        return {name: layer.merged() for name, layer in self.layers.items()}
+        return {name: layer.merge_now().weight for name, layer in self.layers.items()}

@@ -7,10 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 from peft.tuners.lora.layer import Linear
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM
 
-from tests.support.tiny_training import away_from_base, mean_logprob_loss, micro_batches
+from tests.support.tiny_training import (
+    CountedOps,
+    away_from_base,
+    mean_logprob_loss,
+    micro_batches,
+)
 from trainer import tiny
 from trainer.backends.base import TrainBatch
 from trainer.backends.lora_merge import LoraMerger, MergeError, merged_weight
@@ -183,24 +187,17 @@ def test_a_saved_merged_trainer_loads_into_the_same_merged_policy(model_dir, tmp
             assert (loaded.model(input_ids=IDS).logits - expected).abs().max() > 1e-3
 
 
-class MergeCounter(TorchDispatchMode):
-    """Counts the merges: the only ``addmm`` of the tiny model (its linear layers have no bias)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.merges = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.merges += func is torch.ops.aten.addmm.default
-        return func(*args, **(kwargs or {}))
+def is_merge(func, args) -> bool:
+    """A merge: the only ``addmm`` of the tiny model (its linear layers have no bias)."""
+    return func is torch.ops.aten.addmm.default
 
 
 def trained(trainer: PeftPolicyTrainer, batches: list[TrainBatch]) -> tuple[int, dict]:
     """Merges of one optimizer step over `batches`, and the adapter after it."""
-    with MergeCounter() as counter:
+    with CountedOps(is_merge) as counter:
         trainer.train_step(batches, mean_logprob_loss)
     params = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    return counter.merges, params
+    return counter.count, params
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "recomputed"])

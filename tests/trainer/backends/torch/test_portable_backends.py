@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from peft import get_peft_model_state_dict
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.support.tiny_training import CountedOps
 from trainer import tiny
 from trainer.backends.base import (
     ForwardOutput,
@@ -231,21 +231,14 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(model_dir):
         assert torch.allclose(p, q, atol=1e-6)
 
 
-class DeviceWaits(TorchDispatchMode):
-    """Counts the operations that make a GPU's host wait for the device: reading a value
-    (``.item()``, ``float()``) and indexing with a boolean mask (its count is the device's).
-    Counted on the CPU, where they cost nothing, to keep them out of the micro-batch loop."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        masked = func is torch.ops.aten.index.Tensor and any(
-            index is not None and index.dtype == torch.bool for index in args[1]
-        )
-        self.waits += masked or func is torch.ops.aten._local_scalar_dense.default
-        return func(*args, **(kwargs or {}))
+def makes_the_host_wait(func, args) -> bool:
+    """On a GPU, the host waits for the device: reading a value (``.item()``, ``float()``) and
+    indexing with a boolean mask (its count is the device's). Counted on the CPU, where they
+    cost nothing, to keep them out of the micro-batch loop."""
+    masked = func is torch.ops.aten.index.Tensor and any(
+        index is not None and index.dtype == torch.bool for index in args[1]
+    )
+    return masked or func is torch.ops.aten._local_scalar_dense.default
 
 
 def test_the_host_reads_the_device_once_per_step_not_per_micro_batch(model_dir):
@@ -261,10 +254,10 @@ def test_the_host_reads_the_device_once_per_step_not_per_micro_batch(model_dir):
         for batch in step:
             batch.rollout_logprobs = trainer.forward(batch, with_adapter=True).logprobs
         loss_fn = GRPOLoss(GRPOConfig(), Normalizer.from_masks(b.loss_mask for b in step))
-        with DeviceWaits() as counter:
+        with CountedOps(makes_the_host_wait) as counter:
             result = trainer.train_step(step, loss_fn)
         assert {"pg_loss", "entropy", "train_rollout_logprob_abs_diff"} <= result.metrics.keys()
-        waits.append(counter.waits)
+        waits.append(counter.count)
     assert waits[0] == waits[1] > 0
 
 
