@@ -46,7 +46,7 @@ import psutil
 
 from common.command_line import run_command
 from harness.gpu_processes import GpuMap, gpu_processes
-from harness.listeners import listeners
+from harness.listeners import Listener, listeners
 from harness.locks import Locked, exclusive_lock
 from harness.private_files import (
     NotPrivate,
@@ -338,30 +338,59 @@ def claim(
     return stopped
 
 
-def verify(tag: RunTag, ports: Sequence[int], timeout_s: float, poll_s: float = 0.5) -> None:
+Held = dict[tuple[int, str], Listener]
+
+
+def foreign_listeners(tag: RunTag, ports: Sequence[int]) -> tuple[Held, list[int]]:
+    """One reading of `ports`: the listeners that are not run `tag`'s processes, by port and
+    address, and the ports nobody listens on."""
+    ours = {s.process.pid for s in of_run(tag, processes())}
+    held = listeners(ports)
+    foreign = {
+        (lis.port, lis.address): lis
+        for found in held.values()
+        for lis in found
+        if lis.pid not in ours
+    }
+    return foreign, [port for port, found in held.items() if not found]
+
+
+def verify(
+    tag: RunTag,
+    ports: Sequence[int],
+    timeout_s: float,
+    poll_s: float = 0.5,
+    read: Callable[[RunTag, Sequence[int]], tuple[Held, list[int]]] = foreign_listeners,
+) -> None:
     """Return once run `tag`'s own processes listen on each of `ports` and nothing else does;
     raise `Refused` as soon as another process listens on one, or when one is still free
-    after `timeout_s` (the run's Ray half started)."""
+    after `timeout_s` (the run's Ray half started).
+
+    A listener is foreign only when two readings in a row say so: a socket that the run's Ray
+    binds while a reading walks the processes shows without its process (or with one that
+    started after the walk), and the next reading, begun after the bind, sees whose it is."""
     deadline = time.monotonic() + timeout_s
+    suspects: Held = {}
     while True:
-        ours = {s.process.pid for s in of_run(tag, processes())}
-        held = listeners(ports)
-        if foreign := [lis for found in held.values() for lis in found if lis.pid not in ours]:
+        foreign, free = read(tag, ports)
+        confirmed = [lis for key, lis in foreign.items() if key in suspects]
+        if confirmed or (foreign and not free and time.monotonic() > deadline):
             raise Refused(
-                f"{'; '.join(lis.describe() for lis in foreign)}: not this run's Ray, which "
-                "must hold that port before it is sent the run's token (another process took "
-                "it after the claim); stop that process or choose another port"
+                f"{'; '.join(lis.describe() for lis in confirmed or foreign.values())}: not this "
+                "run's Ray, which must hold that port before it is sent the run's token (another "
+                "process took it after the claim); stop that process or choose another port"
             )
-        free = [port for port, found in held.items() if not found]
-        if not free:
+        suspects = foreign
+        if not foreign and not free:
             return
-        if time.monotonic() > deadline:
+        if free and time.monotonic() > deadline:
             raise Refused(
                 f"this run's Ray did not start listening on port {', '.join(map(str, free))} "
                 f"within {timeout_s:g} s: it half started (its logs: "
                 f"{tag.temp_dir}/session_latest/logs)"
             )
-        time.sleep(poll_s)
+        if not foreign:
+            time.sleep(poll_s)
 
 
 @contextlib.contextmanager

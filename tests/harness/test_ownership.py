@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import stat
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import ownership
+from harness.listeners import Listener
 from harness.run_tag import TAG_VAR, RunTag
 
 LAUNCHER = "/c/launchers/amd/run_x.py"
@@ -331,3 +333,32 @@ def test_release_and_claim_stop_only_the_runs_ray_and_trainer_processes(fresh_ru
         for process in processes:
             process.kill()
             process.wait()
+
+
+def readings(*found: tuple[ownership.Held, list[int]]):
+    """A `verify` reader that returns `found` one reading at a time."""
+    queue = list(found)
+
+    def read(tag: RunTag, ports) -> tuple[ownership.Held, list[int]]:
+        return queue.pop(0)
+
+    return read
+
+
+UNKNOWN = Listener(6379, "::ffff:127.0.0.1", None)
+
+
+def test_a_listener_bound_while_a_reading_walked_the_processes_is_read_again_not_refused():
+    """psutil maps sockets to processes before it reads the kernel's socket table: a socket
+    the run's Ray binds between the two shows without its process once."""
+    tag = RunTag(LAUNCHER, "0", "e2e")
+    read = readings(({(6379, UNKNOWN.address): UNKNOWN}, []), ({}, []))
+    ownership.verify(tag, [6379], timeout_s=5, poll_s=0, read=read)
+
+
+def test_a_listener_foreign_in_two_readings_in_a_row_is_refused():
+    tag = RunTag(LAUNCHER, "0", "e2e")
+    held = {(6379, UNKNOWN.address): UNKNOWN}
+    read = readings(({}, [6379]), (held, []), (held, []))
+    with pytest.raises(ownership.Refused, match=re.escape("another user on ::ffff:127.0.0.1:6379")):
+        ownership.verify(tag, [6379], timeout_s=5, poll_s=0, read=read)
