@@ -38,7 +38,7 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 
@@ -373,24 +373,29 @@ def verify(
     suspects: Held = {}
     while True:
         foreign, free = read(tag, ports)
-        confirmed = [lis for key, lis in foreign.items() if key in suspects]
-        if confirmed or (foreign and not free and time.monotonic() > deadline):
-            raise Refused(
-                f"{'; '.join(lis.describe() for lis in confirmed or foreign.values())}: not this "
-                "run's Ray, which must hold that port before it is sent the run's token (another "
-                "process took it after the claim); stop that process or choose another port"
-            )
+        if confirmed := [lis for key, lis in foreign.items() if key in suspects]:
+            raise Refused(_taken(confirmed))
         suspects = foreign
         if not foreign and not free:
             return
-        if free and time.monotonic() > deadline:
+        if time.monotonic() > deadline:
             raise Refused(
-                f"this run's Ray did not start listening on port {', '.join(map(str, free))} "
-                f"within {timeout_s:g} s: it half started (its logs: "
-                f"{tag.temp_dir}/session_latest/logs)"
+                _taken(foreign.values())
+                if foreign
+                else f"this run's Ray did not start listening on port "
+                f"{', '.join(map(str, free))} within {timeout_s:g} s: it half started (its "
+                f"logs: {tag.temp_dir}/session_latest/logs)"
             )
         if not foreign:
             time.sleep(poll_s)
+
+
+def _taken(foreign: Iterable[Listener]) -> str:
+    return (
+        f"{'; '.join(lis.describe() for lis in foreign)}: not this run's Ray, which must hold "
+        "that port before it is sent the run's token (another process took it after the "
+        "claim); stop that process or choose another port"
+    )
 
 
 @contextlib.contextmanager
