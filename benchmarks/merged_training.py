@@ -36,19 +36,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.grpo_vs_trl import MODEL_SHAPES, Spec, build_inputs
 from benchmarks.step_profile import profile_call
 
-# each trainer's PeftPolicyTrainer options
-SERVINGS = {
+# the trainers compared, by name, with their PeftPolicyTrainer options
+TRAINERS = {
     "adapter": {"merged": False},
     "merged": {"merged": True},
     "merged-per-pass": {"merged": True, "keep_merged_weights": False},
 }
 
 
-def servings(compile_layers: bool) -> dict[str, dict[str, bool]]:
+def trainer_options(compile_layers: bool) -> dict[str, dict[str, bool]]:
     """The trainers to run, by name, with their `PeftPolicyTrainer` options."""
     if not compile_layers:
-        return SERVINGS
-    return {**SERVINGS, "merged-compiled": {"merged": True, "compile_layers": True}}
+        return TRAINERS
+    return {**TRAINERS, "merged-compiled": {"merged": True, "compile_layers": True}}
 
 
 def micro_batches(spec: Spec, count: int, vocab: int) -> list[Any]:
@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, default=16, help="rows per micro-batch")
     parser.add_argument(
-        "--gradient-checkpointing", action="store_true", help="recompute in backward (all three)"
+        "--gradient-checkpointing",
+        action="store_true",
+        help="recompute in backward (every trainer)",
     )
     parser.add_argument(
         "--compile-layers", action="store_true", help="also the merged trainer, layers compiled"
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         )  # fmt: skip
         build_inputs(spec, rows=1)
         trainers = {
-            serving: PeftPolicyTrainer(
+            name: PeftPolicyTrainer(
                 spec.model_dir,
                 LoraConfig(lora_rank=64, lora_alpha=32.0, target_modules="all-linear"),
                 OptimizerConfig(lr=spec.lr),
@@ -135,17 +137,17 @@ def main(argv: list[str] | None = None) -> None:
                 device=options.device,
                 dtype="bf16" if cuda else "fp32",
                 gradient_checkpointing=options.gradient_checkpointing,
-                **options_of,
+                **trainer_kwargs,
             )
-            for serving, options_of in servings(options.compile_layers).items()
+            for name, trainer_kwargs in trainer_options(options.compile_layers).items()
         }
         vocab = trainers["adapter"].model.get_base_model().config.vocab_size
         batches = micro_batches(spec, options.micro_batches, vocab)
         loss_fn = mean_logprob_loss(len(batches))
-        times: dict[str, list[float]] = {serving: [] for serving in trainers}
+        times: dict[str, list[float]] = {name: [] for name in trainers}
         peaks: dict[str, int] = dict.fromkeys(trainers, 0)
         for step in range(options.steps + 1):  # the first step warms up
-            for serving, trainer in trainers.items():
+            for name, trainer in trainers.items():
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
@@ -153,13 +155,13 @@ def main(argv: list[str] | None = None) -> None:
                 trainer.train_step(batches, loss_fn)
                 if cuda:
                     torch.cuda.synchronize()
-                    peaks[serving] = max(peaks[serving], torch.cuda.max_memory_allocated())
+                    peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated())
                 if step:
-                    times[serving].append(time.perf_counter() - started)
+                    times[name].append(time.perf_counter() - started)
         profiles = (
             {
-                serving: profile_call(lambda t=trainer: t.train_step(batches, loss_fn), cuda=cuda)
-                for serving, trainer in trainers.items()
+                name: profile_call(lambda t=trainer: t.train_step(batches, loss_fn), cuda=cuda)
+                for name, trainer in trainers.items()
             }
             if options.profile
             else {}
@@ -174,20 +176,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"{'trainer':<15} {'median s':>9} {'min s':>8} {'peak allocated GiB':>19}")
     medians = {}
-    for serving in times:
-        medians[serving] = statistics.median(times[serving])
-        peak = f"{peaks[serving] / 2**30:.2f}" if cuda else "n/a"
-        print(f"{serving:<15} {medians[serving]:>9.3f} {min(times[serving]):>8.3f} {peak:>19}")
-    for serving in list(times)[1:]:
-        print(f"{serving} / adapter step time: {medians[serving] / medians['adapter']:.2f}x")
+    for name in times:
+        medians[name] = statistics.median(times[name])
+        peak = f"{peaks[name] / 2**30:.2f}" if cuda else "n/a"
+        print(f"{name:<15} {medians[name]:>9.3f} {min(times[name]):>8.3f} {peak:>19}")
+    for name in list(times)[1:]:
+        print(f"{name} / adapter step time: {medians[name] / medians['adapter']:.2f}x")
     print(f"merged weights equal the engine's merge bit for bit: {'yes' if exact else 'NO'}")
     if profiles:
         print("one more step of each under torch.profiler (its overhead lengthens the host side):")
-    for serving, profile in profiles.items():
-        print("\n".join(profile.lines(serving)))
+    for name, profile in profiles.items():
+        print("\n".join(profile.lines(name)))
     if options.json:
         results = {"times": times, "peaks": peaks, "exact": exact}
-        results["profiles"] = {serving: asdict(profile) for serving, profile in profiles.items()}
+        results["profiles"] = {name: asdict(profile) for name, profile in profiles.items()}
         options.json.write_text(json.dumps(results, indent=1))
 
 

@@ -38,7 +38,7 @@ def test_counts_below_one_are_usage_errors(capsys):
 
 
 def test_compile_layers_adds_the_merged_trainer_with_its_layers_compiled():
-    assert list(merged_training.servings(False)) == ["adapter", "merged", "merged-per-pass"]
-    compiled = merged_training.servings(True)
+    assert list(merged_training.trainer_options(False)) == ["adapter", "merged", "merged-per-pass"]
+    compiled = merged_training.trainer_options(True)
     assert list(compiled)[:3] == ["adapter", "merged", "merged-per-pass"]
     assert compiled["merged-compiled"] == {"merged": True, "compile_layers": True}
