@@ -546,7 +546,7 @@ class Ours:
     def __init__(self, spec: Spec, steps: int) -> None:
         from transformers import AutoTokenizer
 
-        from trainer.backends import registry
+        from trainer.backends import registry, shared_base
         from trainer.backends.colocate import Colocation
         from trainer.job import colocate_memory
         from trainer.loop import GRPOLoop
@@ -569,6 +569,8 @@ class Ours:
             lambda: InProcessTrainers(registry.create_trainer(args, device, total_steps=steps)),
             colocate=args.placement.swaps_memory,
         )
+        if shared_base.lends_base(args, device):  # as train.py's placement does
+            colocation.engine.borrow_base(colocation.trainer.trainer.merged_base())
         self.loop = GRPOLoop(
             args,
             trainers=colocation.trainer,

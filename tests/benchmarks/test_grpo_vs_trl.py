@@ -495,6 +495,23 @@ def test_ours_config_takes_the_sized_fraction_unless_the_ours_flags_set_one(benc
         assert bench.ours_config(chosen, 1, full).sglang.sglang_mem_fraction_static == 0.3
 
 
+def test_ours_merged_with_memory_kept_merges_into_its_trainer_s_base(bench, tmp_path):
+    """As train.py's placement: the engine borrows the trainer's base where memory is kept
+    (`shared_base`), not where it is swapped."""
+    from trainer.arguments import parse_args
+    from trainer.backends import shared_base
+
+    def lends(memory: str) -> bool:
+        spec = tiny_spec(
+            bench, tmp_path, device="cuda", rollout_backend="sglang", ours_memory=memory,
+            ours_flags=["--lora-serving", "merged"],
+        )  # fmt: skip
+        return shared_base.lends_base(parse_args(bench.ours_argv(spec, steps=1)), "cuda:0")
+
+    assert lends("keep")
+    assert not lends("release")
+
+
 def test_ours_memory_auto_leaves_the_choice_to_train_py(bench):
     from trainer.arguments import parse_args
 

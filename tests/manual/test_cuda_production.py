@@ -28,10 +28,12 @@ A job longer than one sitting (a node lent for 10 minutes at a time) runs as two
 one kept folder: the first run up to its interrupt, then the resume and the checks. The seed-size
 run splits the same way, after its first rollout's checkpoint:
 
-    pytest -m cuda_gpu tests/manual/test_cuda_production.py -s -k merged \
+    pytest -m cuda_gpu tests/manual/test_cuda_production.py -s -k "merged and not kept" \
         --gpu-run-dir ~/gpu-runs --gpu-run-phase first
-    pytest -m cuda_gpu tests/manual/test_cuda_production.py -s -k merged \
+    pytest -m cuda_gpu tests/manual/test_cuda_production.py -s -k "merged and not kept" \
         --gpu-run-dir ~/gpu-runs --gpu-run-phase resume
+
+(``-k kept``: the merged job with both resident, its engine merging into the trainer's base.)
 
 Output streams as the run goes (`tests/manual/live_run.py`); each run has a time budget and a
 failure says what it was waiting for. `test_data_parallel_on_two_gpus` runs the job with two
@@ -59,6 +61,7 @@ import pytest
 from harness.hardware import match_hardware
 from harness.host import CHECKOUT, detect_gpus
 from tests.manual.live_run import Finished, as_settings, run_streaming
+from trainer.backends import shared_base
 from trainer.run import adapter_check, checkpoint
 from trainer.run.metrics import METRICS_FILE, read_metrics
 
@@ -246,12 +249,14 @@ def _run_job(
     backends: str,
     rollouts: int,
     serving: str = "adapter",
+    memory_kept: bool = False,
 ) -> tuple[list[dict], dict]:
     """The launcher's live train on `gpus` GPUs, interrupted after its first checkpoint and
     resumed; returns the metrics and a report (nothing after ``--gpu-run-phase first``).
     `serving`: ``--lora-serving``; merged, the trainer's policy is the bf16-merged one, which
     PEFT applying the saved adapter unmerged matches only up to that rounding (docs/lora.md):
-    reported, not asserted."""
+    reported, not asserted. `memory_kept`: ``--colocate-memory keep`` in place of the recipe's
+    swaps (and its ``--lora-base-cpu-backup``)."""
     from trainer import tiny
 
     folder = place.folder
@@ -268,7 +273,9 @@ def _run_job(
         # 36 batch sizes, 97 s, at each of the two starts).
         "--sglang-disable-prefill-cuda-graph", *DECODE_GRAPHS, *_micro_batches(train_backend, gpus),
     ]  # fmt: skip
-    run_id = f"{train_backend}-{backends}-{gpus}gpu-{serving}"
+    if memory_kept:
+        extra += ["--colocate-memory", "keep", "--lora-base-cpu-backup", "false"]
+    run_id = f"{train_backend}-{backends}-{gpus}gpu-{serving}" + ("-kept" if memory_kept else "")
     flags = [
         "--num-rollout", str(rollouts), "--save-interval", str(SAVE_INTERVAL),
         "--rollout-max-response-len", "64", "--lr", "1e-4",
@@ -283,6 +290,8 @@ def _run_job(
         return [], {}
     second = _resumed_run(place, command, run_id, killed_at, rollouts=rollouts)
     assert f"{gpus} training rank(s), {gpus} sglang engine(s), colocated" in second.output
+    if memory_kept and serving == "merged" and train_backend == "torch" and gpus == 1:
+        assert shared_base.LENT in second.output
 
     records = read_metrics(run_dir / METRICS_FILE)
     assert [r["step"] for r in records] == list(range(rollouts))  # none lost, none repeated
@@ -346,6 +355,20 @@ def test_production_job_serving_merged_weights(place: RunPlace) -> None:
     _run_job(
         place, hardware, gpus=1, train_backend="torch", backends="cuda-recipe",
         rollouts=ROLLOUTS, serving="merged",
+    )  # fmt: skip
+
+
+@pytest.mark.cuda_gpu
+@pytest.mark.timeout(3000)
+def test_production_job_serving_merged_weights_with_memory_kept(place: RunPlace) -> None:
+    """The merged job with both resident (``--colocate-memory keep``): the engine's actor
+    merges into the trainer's base weights, mapped from the trainer's actor over CUDA IPC
+    (`trainer.backends.shared_base`) instead of a copy of its own; the sync check shows the
+    engine serves what the trainer computes."""
+    hardware = _skip_without_production_stack(1, "torch")
+    _run_job(
+        place, hardware, gpus=1, train_backend="torch", backends="cuda-recipe",
+        rollouts=ROLLOUTS, serving="merged", memory_kept=True,
     )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ def torch_dtype(dtype: str) -> Any:
 def empty_cache(device: Any) -> None:
     import torch
 
-    if getattr(device, "type", device) == "cuda" and torch.cuda.is_available():
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 

@@ -110,20 +110,36 @@ def full_float32_matmuls() -> Iterator[None]:
 
 class LoraMerger:
     """Merges adapters into the base weights of their layers. `load_base(names)` returns the
-    base weights of those names (``model.layers.0.self_attn.q_proj.weight``, ...); they are
-    read on the first merge and kept on `device`."""
+    base weights of those names (``model.layers.0.self_attn.q_proj.weight``, ...) in `dtype`;
+    they are read on the first merge and kept on `device`, unless `borrow` gave them."""
 
     def __init__(
-        self, load_base: Callable[[list[str]], Mapping[str, torch.Tensor]], device: Any
+        self,
+        load_base: Callable[[list[str]], Mapping[str, torch.Tensor]],
+        device: Any,
+        dtype: torch.dtype,
     ) -> None:
         self._load_base = load_base
         self.device = device
+        self.dtype = dtype
         self.base: dict[str, torch.Tensor] = {}
         self.host: dict[str, torch.Tensor] = {}  # their host copies, made at the first release
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, device: Any, dtype: torch.dtype) -> LoraMerger:
-        return cls(lambda names: read_weights(Path(path), names, dtype), device)
+        return cls(lambda names: read_weights(Path(path), names, dtype), device, dtype)
+
+    def borrow(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Merge into `weights` (another holder's tensors, on this merger's device, in its
+        dtype: the trainer's frozen base, `shared_base`) in place of reading those names."""
+        device = indexed(self.device)
+        for name, weight in weights.items():
+            if indexed(weight.device) != device or weight.dtype != self.dtype:
+                raise MergeError(
+                    f"the base weight {name} lent to the merge is {weight.dtype} on "
+                    f"{weight.device}; the merge needs {self.dtype} on {device}"
+                )
+        self.base.update(weights)
 
     def release(self) -> None:
         """Gives back the device memory of the base weights kept for merging, while a
@@ -170,6 +186,16 @@ class LoraMerger:
                 )
             merged[layer.weight].copy_(merged_weight(base, a, b, scaling))
         return merged
+
+
+def indexed(device: Any) -> torch.device:
+    """`device` with its index: ``cuda`` is the current GPU."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def read_weights(path: Path, names: Iterable[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:

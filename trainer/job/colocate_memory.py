@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from trainer.arguments import PROG
-from trainer.backends import registry
+from trainer.backends import registry, shared_base
 from trainer.backends.sglang import args as sglang_args
 from trainer.config import TrainConfig
 from trainer.errors import UsageError
@@ -139,8 +139,15 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
         )
         source = f"weights and the KV cache of {sequences} samples"
     if config.lora.merged:
-        engine += memory_estimate.merged_serving_memory(shape, dtype_bytes=dtype_bytes)
-        source += ", + the adapted weights twice to merge into (--lora-serving merged)"
+        lent = shared_base.lendable(config, "cuda")  # kept, on the GPU this plan weighs
+        engine += memory_estimate.merged_serving_memory(
+            shape, dtype_bytes=dtype_bytes, base_lent=lent
+        )
+        source += (
+            ", + the adapted weights once, merged into the trainer's base (--lora-serving merged)"
+            if lent
+            else ", + the adapted weights twice to merge into (--lora-serving merged)"
+        )
     return memory_estimate.plan(trainer, engine=engine, engine_source=source, device=device)
 
 

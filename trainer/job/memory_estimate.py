@@ -186,10 +186,11 @@ def sglang_fraction(
     return math.ceil(100 * needed / free) / 100
 
 
-def merged_serving_memory(shape: ModelShape, *, dtype_bytes: int) -> int:
+def merged_serving_memory(shape: ModelShape, *, dtype_bytes: int, base_lent: bool) -> int:
     """What an engine serving merged weights (``--lora-serving merged``) holds beside its own:
-    the base of the adapted weights to merge into, and the merged set of one update."""
-    return 2 * shape.adapted_parameters * dtype_bytes
+    the base of the adapted weights to merge into, unless the trainer lends its own
+    (`base_lent`, `trainer.backends.shared_base`), and the merged set of one update."""
+    return (1 if base_lent else 2) * shape.adapted_parameters * dtype_bytes
 
 
 def plan(

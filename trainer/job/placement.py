@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainer.arguments import PROG
+from trainer.backends import shared_base
 from trainer.backends.base import (
     ForwardOutput,
     Generation,
@@ -209,6 +211,11 @@ class TrainWorker:
     def adapter_digest(self) -> str:
         return adapter_digest(self.trainer.export_adapter())
 
+    def lend_base(self) -> bytes:
+        """The trainer's frozen base of the adapted layers for an engine on this GPU
+        (`shared_base`): IPC handles, the memory stays this actor's."""
+        return shared_base.pack(self.trainer.merged_base())
+
     def save(self, path: str) -> None:
         self.trainer.save(Path(path))
 
@@ -239,6 +246,9 @@ class RolloutWorker:
 
     def load_adapter(self, adapter: LoraAdapter) -> None:
         self.engine.load_adapter(adapter)
+
+    def borrow_base(self, payload: bytes) -> None:
+        self.engine.borrow_base(shared_base.unpack(payload))
 
     def score(self, token_ids: Sequence[int]) -> list[list[float]]:
         return self.engine.score(token_ids)
@@ -302,6 +312,13 @@ class RayTrainerGroup:
 
         return ray.get([w.adapter_digest.remote() for w in self.workers])
 
+    def lend_base(self) -> bytes:
+        """The one training rank's `TrainWorker.lend_base`."""
+        import ray
+
+        [worker] = self.workers
+        return ray.get(worker.lend_base.remote())
+
     def save(self, path: Path) -> None:
         self._all("save", str(path))
 
@@ -346,6 +363,9 @@ class RayEngineGroup:
 
         ref = ray.put(adapter)
         self._all("load_adapter", ref)
+
+    def borrow_base(self, payload: bytes) -> None:
+        self._all("borrow_base", payload)
 
     def score(self, token_ids: Sequence[int]) -> list[list[float]]:
         import ray
@@ -442,4 +462,7 @@ def launch(config: TrainConfig, layout: Layout, *, total_steps: int) -> Cluster:
     colocation = Colocation.start_engines_first(
         start_engines, start_trainers, colocate=config.placement.swaps_memory
     )
+    if shared_base.lends_base(config, layout.device):
+        colocation.engine.borrow_base(colocation.trainer.lend_base())
+        print(f"{PROG}: {shared_base.LENT}", flush=True)
     return Cluster(group, colocation)

@@ -105,6 +105,36 @@ def test_released_base_weights_come_back_from_their_host_copy(model_dir, trained
     assert all(torch.equal(first[k], again[k]) for k in first)
 
 
+def test_an_engine_merging_into_the_trainer_s_base_scores_as_one_with_its_own(model_dir, trained):
+    adapter = trained.export_adapter()
+    own, borrowing = (HFRolloutEngine(model_dir, merged=True) for _ in range(2))
+    borrowing.borrow_base(
+        {f"{n.removeprefix('base_model.model.').replace('.base_layer', '')}": p.detach()
+         for n, p in trained.model.named_parameters() if n.endswith("base_layer.weight")}
+    )  # fmt: skip
+    assert borrowing.merger.base
+    own.load_adapter(adapter)
+    borrowing.load_adapter(adapter)
+    assert own.score(SEQUENCE) == borrowing.score(SEQUENCE)
+    with pytest.raises(ValueError, match="borrows no base"):
+        HFRolloutEngine(model_dir).borrow_base({})
+
+
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [
+        (torch.zeros(2, 2, dtype=torch.bfloat16), r"is torch.bfloat16 on cpu; the merge needs "
+         r"torch.float32 on cpu"),
+        (torch.zeros(2, 2, device="meta"), "on meta; the merge needs"),
+    ],
+)  # fmt: skip
+def test_a_lent_base_in_another_dtype_or_on_another_device_is_refused(weight, message):
+    merger = LoraMerger(lambda names: {}, "cpu", torch.float32)
+    with pytest.raises(MergeError, match=message):
+        merger.borrow({"model.layers.0.mlp.up_proj.weight": weight})
+    assert merger.base == {}
+
+
 def test_merging_rounds_once_from_float32():
     base = torch.tensor([[1.0, 2.0]], dtype=torch.bfloat16)
     a = torch.tensor([[0.001, 0.002]], dtype=torch.bfloat16)

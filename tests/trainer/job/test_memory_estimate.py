@@ -219,7 +219,7 @@ def test_a_kv_cache_capped_in_tokens_shrinks_the_engine_to_weights_adapters_and_
         "within --sglang-mem-fraction-static 0.5 of the GPU"
     ) in plan.line()
     merged, _ = sglang_plan(model, "--sglang-max-total-tokens", "1000", "--lora-serving", "merged")
-    served_copies = memory_estimate.merged_serving_memory(shape, dtype_bytes=2)
+    served_copies = memory_estimate.merged_serving_memory(shape, dtype_bytes=2, base_lent=True)
     assert merged.engine == shape.parameters * 2 + kv + served_copies
 
 
@@ -229,14 +229,15 @@ def test_a_kv_cache_cap_above_the_static_fraction_leaves_the_fraction(model):
     assert "(--sglang-mem-fraction-static 0.5 of the GPU)" in plan.line()
 
 
-def test_merged_serving_adds_the_adapted_weights_twice_to_the_engine_and_once_to_the_trainer(
+def test_merged_serving_adds_the_merged_weights_to_the_engine_and_the_kept_copy_to_the_trainer(
     model,
 ):
-    """The trainer's copy is the merged weights kept for a step; merging in every pass
-    (``--no-keep-merged-weights``) keeps none."""
+    """The PEFT trainer on the engine's one GPU lends the engine its base to merge into
+    (`shared_base`): the engine adds one merged set. The trainer's copy is the merged weights
+    kept for a step; merging in every pass (``--no-keep-merged-weights``) keeps none."""
     plan, shape = sglang_plan(model, "--lora-serving", "merged")
-    assert plan.engine == 4 * GIB + 2 * shape.adapted_parameters * 2
-    assert "(--lora-serving merged)" in plan.line()
+    assert plan.engine == 4 * GIB + shape.adapted_parameters * 2
+    assert "merged into the trainer's base (--lora-serving merged)" in plan.line()
     adapter = sglang_plan(model)[0].trainer
     assert plan.trainer.merged_weights == shape.adapted_parameters * 2 > 0
     assert plan.trainer.total == adapter.total + plan.trainer.merged_weights
@@ -244,6 +245,14 @@ def test_merged_serving_adds_the_adapted_weights_twice_to_the_engine_and_once_to
     per_pass, _ = sglang_plan(model, "--lora-serving", "merged", "--no-keep-merged-weights")
     assert per_pass.trainer == adapter
     assert "merged weights" not in per_pass.line()
+
+
+def test_an_engine_that_cannot_borrow_the_trainers_base_adds_the_adapted_weights_twice(model):
+    """Lending is for one GPU: with two training ranks the engines read their own base to
+    merge into, beside the merged set."""
+    plan, shape = sglang_plan(model, "--lora-serving", "merged", "--actor-num-gpus-per-node", "2")
+    assert plan.engine == 4 * GIB + 2 * shape.adapted_parameters * 2
+    assert "+ the adapted weights twice to merge into (--lora-serving merged)" in plan.line()
 
 
 def test_sglang_sizes_its_kv_cache_from_its_fraction_of_the_free_memory_less_its_weights():

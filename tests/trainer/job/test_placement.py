@@ -111,3 +111,35 @@ def test_an_actor_runs_under_the_interpreter_its_flag_names(tmp_path):
     )
     assert "RESULT 1 -" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
     assert runtime_env(None) == {}
+
+
+def test_a_rollout_actor_merges_into_the_base_a_training_actor_lends(tmp_path):
+    """`TrainWorker.lend_base` to `RolloutWorker.borrow_base`, the actors' own methods run in
+    this process (on the CPU: shared memory where a GPU maps CUDA IPC handles): the engine's
+    merger holds the trainer's base tensors, the same memory, not a copy."""
+    import torch
+    import torch.distributed as dist
+
+    from trainer import tiny
+    from trainer.job.placement import RolloutWorker, TrainWorker, free_port
+
+    tiny.build(tmp_path / "model", tmp_path / "data", seed=1)
+    config = parse_args([
+        "--hf-checkpoint", str(tmp_path / "model"), "--prompt-data", "p.jsonl",
+        "--lora-rank", "4", "--lora-serving", "merged", "--colocate", "--colocate-memory",
+        "keep", "--rollout-backend", "hf", "--device", "cpu",
+    ])  # fmt: skip
+    lender = TrainWorker(config, 0, 1, "cpu", 1)
+    lender.setup("127.0.0.1", free_port())
+    try:
+        borrower = RolloutWorker(config, "cpu", 0)
+        borrower.borrow_base(lender.lend_base())
+        lent = lender.trainer.merged_base()
+        borrowed = borrower.engine.merger.base
+        assert borrowed.keys() == lent.keys() and lent
+        name = next(iter(lent))
+        with torch.no_grad():
+            lent[name].add_(1.0)
+        assert torch.equal(borrowed[name], lent[name])
+    finally:
+        dist.destroy_process_group()

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.backends import registry
 from trainer.backends.base import Generation, LoraAdapter, SamplingParams
-from trainer.backends.devices import gpu_index, torch_dtype
+from trainer.backends.devices import empty_cache, gpu_index, torch_dtype
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.generation_parsing import (
     parse_input_logprobs,
@@ -173,6 +173,13 @@ class SGLangRolloutEngine:
             time.perf_counter() - loaded,
         )  # fmt: skip
 
+    def borrow_base(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Merge into the trainer's base weights on this GPU (`shared_base`) instead of a copy
+        read from the checkpoint."""
+        if self._merger is None:
+            raise ValueError("an engine serving the adapter merges nothing: it borrows no base")
+        self._merger.borrow(weights)
+
     def _load_merged(self, adapter: LoraAdapter) -> None:
         started = time.perf_counter()
         merged = self._merger.merge(adapter)
@@ -183,9 +190,14 @@ class SGLangRolloutEngine:
         )
         if not success:
             raise RuntimeError(f"SGLang could not take the merged weights: {message}")
+        count = len(merged)
+        # SGLang copied them: their buffer goes back to the device, not to this process's
+        # cache, where a colocated trainer in another process could not use it
+        del merged, payloads
+        empty_cache(self._merger.device)
         LOG.info(
             "adapter v%d merged into %d weights in %.3f s, loaded in %.3f s",
-            adapter.version, len(merged), packed - started, time.perf_counter() - packed,
+            adapter.version, count, packed - started, time.perf_counter() - packed,
         )  # fmt: skip
 
     def _write(self, name: str, adapter: LoraAdapter) -> Path:

@@ -193,3 +193,9 @@ class MergedPolicy:
         """The weights the trainer computes with, under the names the engines' merge gives them
         (``model.layers.0.self_attn.q_proj.weight``, ...)."""
         return {name: layer.merge_now().weight for name, layer in self.layers.items()}
+
+    def base(self) -> dict[str, torch.Tensor]:
+        """The frozen base weights of the adapted layers, the model's own tensors, under the
+        names `served` gives their merged weights (what an engine merges into,
+        `trainer.backends.shared_base`)."""
+        return {name: layer.weight.detach() for name, layer in self.layers.items()}

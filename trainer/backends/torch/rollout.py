@@ -14,7 +14,7 @@ shares. Without a seed, the row seeds come from torch's global generator.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainer.backends.base import Generation, LoraAdapter, SamplingParams
@@ -22,6 +22,8 @@ from trainer.backends.devices import empty_cache, torch_dtype
 from trainer.backends.lora_merge import LoraMerger
 
 if TYPE_CHECKING:
+    import torch
+
     from trainer.config import TrainConfig
 
 
@@ -235,6 +237,13 @@ class HFRolloutEngine:
             response_logprobs=tuple(logprobs[:length]),
             truncated=end is None and length >= params.max_new_tokens,
         )
+
+    def borrow_base(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Merge into the trainer's base weights on this device (`shared_base`) instead of a
+        copy read from the checkpoint."""
+        if self.merger is None:
+            raise ValueError("an engine serving the adapter merges nothing: it borrows no base")
+        self.merger.borrow(weights)
 
     def load_adapter(self, adapter: LoraAdapter) -> None:
         import torch

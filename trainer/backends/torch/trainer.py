@@ -27,6 +27,8 @@ from trainer.errors import first_line
 from trainer.run.checkpoint import ADAPTER_DIR, CheckpointError
 
 if TYPE_CHECKING:
+    import torch
+
     from trainer.config import LoraConfig, OptimizerConfig, TrainConfig
 
 # ``trainer_state.json`` and ``trainer_state.safetensors`` (`trainer.run.tensor_state`)
@@ -416,6 +418,13 @@ class PeftPolicyTrainer:
         torch.set_rng_state(state["torch_rng"])
         if self.device.type == "cuda" and "cuda_rng" in state:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+
+    def merged_base(self) -> dict[str, torch.Tensor]:
+        """The frozen base weights the engines merge into (`MergedPolicy.base`), to lend them
+        to an engine on this GPU (`trainer.backends.shared_base`); merged serving only."""
+        if self.merged is None:
+            raise ValueError("only the merged policy's trainer (--lora-serving merged) lends")
+        return self.merged.base()
 
     def release_memory(self) -> None:
         if self.device.type != "cpu":

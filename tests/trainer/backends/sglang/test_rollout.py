@@ -205,9 +205,15 @@ class WeightsEngine(StandInEngine):
 
 
 class StubMerger:
+    device = "cpu"
+
     def __init__(self) -> None:
         self.merged: list[LoraAdapter] = []
         self.calls: list[str] = []
+        self.borrowed: dict[str, torch.Tensor] = {}
+
+    def borrow(self, weights: dict[str, torch.Tensor]) -> None:
+        self.borrowed.update(weights)
 
     def merge(self, adapter: LoraAdapter) -> FlatTensors:
         self.merged.append(adapter)
@@ -252,6 +258,17 @@ def test_merged_the_adapter_replaces_the_weights_and_no_adapter_is_named() -> No
         ("update", [b"rank-0"], "flattened_bucket", True),  # the prefix cache is stale
         ("generate", None),
     ]
+
+
+def test_merged_the_engine_merges_into_the_base_it_borrows() -> None:
+    merger = StubMerger()
+    engine = SGLangRolloutEngine(WeightsEngine(), {}, pack=lambda t: [b""], merger=merger)
+    lent = {"model.layers.0.self_attn.q_proj.weight": torch.ones(4, 4)}
+    engine.borrow_base(lent)
+    assert merger.borrowed == lent
+    serving_the_adapter = SGLangRolloutEngine(WeightsEngine(), {})
+    with pytest.raises(ValueError, match="borrows no base"):
+        serving_the_adapter.borrow_base(lent)
 
 
 def test_a_failed_weight_update_raises_with_sglangs_reason() -> None:

@@ -143,6 +143,39 @@ def test_in_bf16_the_trainer_computes_with_exactly_the_weights_the_engine_merges
         assert torch.equal(computed[name], weight), name
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_base_the_trainer_lends_is_its_own_and_the_engine_merges_the_same_from_it(
+    model_dir, device
+):
+    """`shared_base`: an engine merging from the trainer's base tensors merges exactly what it
+    merges from the checkpoint, reads no base of its own, and leaves the lent base as it was."""
+    trainer = make_trainer(model_dir, merged=True, dtype="bf16", device=device)
+    lent = trainer.merged_base()
+    own = {p.data_ptr() for p in trainer.model.parameters()}
+    assert lent and all(weight.data_ptr() in own for weight in lent.values())
+    before = {name: weight.clone() for name, weight in lent.items()}
+    adapter = trainer.export_adapter()
+
+    def no_reading(names: list[str]) -> dict[str, torch.Tensor]:
+        raise AssertionError(f"the merger read {names[:1]} with the trainer's base lent")
+
+    borrower = LoraMerger(no_reading, device, torch.bfloat16)
+    borrower.borrow(lent)
+    merged = borrower.merge(adapter)
+    reference = LoraMerger.from_checkpoint(model_dir, device=device, dtype=torch.bfloat16)
+    expected = reference.merge(adapter)
+    assert set(merged) == set(expected) == set(lent)
+    for name in expected:
+        assert torch.equal(merged[name], expected[name]), name
+        assert torch.equal(lent[name], before[name]), name
+        assert torch.equal(lent[name], reference.base[name]), name
+
+
+def test_only_the_merged_policy_s_trainer_lends_a_base(model_dir):
+    with pytest.raises(ValueError, match="only the merged policy's trainer"):
+        new_trainer(model_dir, merged=False).merged_base()
+
+
 def test_the_reference_policy_is_the_base_model(model_dir):
     trainer = make_trainer(model_dir, merged=True)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -1,0 +1,67 @@
+"""The trainer's frozen base weights lent to the engine that merges on the same GPU.
+
+Serving merged weights (``--lora-serving merged``), an engine merges each update into the base
+weights of the adapted layers (`lora_merge.LoraMerger`). Read from the checkpoint, those are a
+second copy of what the PEFT trainer holds as its frozen base, in the same dtype, with the same
+values: 6.8 GiB at the Qwen3-4B shape with LoRA on every linear layer. Where the trainer and the
+engine share their one GPU and both stay resident (``--colocate --colocate-memory keep``), the
+trainer lends its tensors instead and the engine merges from them: in one process as they are,
+across Ray actors as CUDA IPC handles (torch's pickling of CUDA tensors, the way SGLang's
+scheduler takes the merged weights), so the engine maps the trainer's memory and copies nothing.
+
+Where memory is swapped (``release``) the trainer may move its base to the host during rollouts
+(``--lora-base-cpu-backup``), so the engine keeps a copy of its own there, as it does for the
+Megatron trainer (whose weights are laid out its own way) and across several GPUs.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainer.config import TrainConfig
+
+# what the job says where it lends
+LENT = "the engine merges into the trainer's base weights on their GPU (no copy of its own)"
+
+
+def lendable(config: TrainConfig, device: str) -> bool:
+    """Whether the trainer's base can serve the engine's merge where nothing is swapped: merged
+    serving, the PEFT trainer, one training rank and one engine of one GPU, on a GPU
+    (`device`: the job's, ``cuda`` or ``cpu``)."""
+    placement = config.placement
+    return (
+        config.lora.merged
+        and placement.train_backend == "torch"
+        and placement.colocate
+        and device.startswith("cuda")
+        and placement.actor_num_gpus == 1
+        and placement.rollout_num_gpus_per_engine == 1
+        and (placement.rollout_num_gpus or 1) == 1
+    )
+
+
+def lends_base(config: TrainConfig, device: str) -> bool:
+    """Whether this job's engine merges from the trainer's base: `lendable`, memory kept
+    (``auto`` decided)."""
+    return lendable(config, device) and not config.placement.swaps_memory
+
+
+def pack(weights: Mapping[str, torch.Tensor]) -> bytes:
+    """`weights` for another process on the same device: CUDA tensors as IPC handles, CPU
+    tensors moved into shared memory (the memory stays the lender's, and must outlive the
+    borrower's use of it)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's reductions on ForkingPickler)
+
+    return bytes(ForkingPickler.dumps(dict(weights), pickle.HIGHEST_PROTOCOL))
+
+
+def unpack(payload: bytes) -> dict[str, torch.Tensor]:
+    """The tensors `pack` made, mapped into this process."""
+    return pickle.loads(payload)
