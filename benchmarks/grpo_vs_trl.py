@@ -68,8 +68,10 @@ node where vLLM's and SGLang's pins conflict, each comes from its own wheelhouse
 Reported per system: the package versions its worker imported, step time median / min / max,
 rollout tokens/s (generated tokens over the generation time, prefill included), training
 tokens/s (prompt + response tokens over the rest of the step), peak GPU memory (NVML, the
-worker's whole process tree, SGLang's scheduler included; and torch's peak allocated in the
-worker itself), the ratio of each other system's median to ours, and the decode roofline: the
+worker's whole process tree, SGLang's scheduler included; and torch's peak allocated and peak
+reserved in the worker itself: NVML's count above the reserved peak is the CUDA context and
+other libraries' memory, the reserved peak above the allocated one about the caching allocator's
+free blocks), the ratio of each other system's median to ours, and the decode roofline: the
 rollout's throughput against the bound HBM bandwidth sets (weights + LoRA + KV cache read once
 per decode step).
 
@@ -861,10 +863,13 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, path: list[str], co
                     conn.send(asdict(step))
             finally:  # SGLang's engine processes end with it, on a failure too
                 system.close()
-        if allocated is None:  # verl's actor is in Ray's processes: it says its own
-            allocated = torch.cuda.max_memory_allocated() if spec.device.startswith("cuda") else 0
+        reserved = None  # verl's actor is in Ray's processes: it says its allocated peak only
+        if allocated is None:
+            cuda = spec.device.startswith("cuda")
+            allocated = torch.cuda.max_memory_allocated() if cuda else 0
+            reserved = torch.cuda.max_memory_reserved() if cuda else None
         peak = memory.stop()
-        conn.send(("memory", peak, memory.peak_own, allocated, memory.per_process))
+        conn.send(("memory", peak, memory.peak_own, allocated, reserved, memory.per_process))
     except UsageError as err:  # ours' argv, e.g. a bad --ours-flags: one line
         conn.send(("usage", f"train.py flags: {err}"))
     except BaseException:
@@ -936,10 +941,10 @@ class Worker:
         self.conn.send("step")
         return StepTime(**self.receive())  # plain dicts cross the pipe, not __mp_main__ classes
 
-    def finish(self) -> tuple[int, int, int, bool]:
-        _, peak, peak_own, allocated, per_process = self.expect("memory")
+    def finish(self) -> tuple[int, int, int, int | None, bool]:
+        _, peak, peak_own, allocated, reserved, per_process = self.expect("memory")
         self.process.join(timeout=120)
-        return peak, peak_own, allocated, per_process
+        return peak, peak_own, allocated, reserved, per_process
 
     def stop(self) -> None:
         """End the worker process if it still runs (a failure elsewhere left it waiting)."""
@@ -1099,7 +1104,8 @@ def report(
     )
     header = (
         f"{'system':<8} {'steps':>5} {'median s':>9} {'min s':>8} {'max s':>8} "
-        f"{'rollout tok/s':>14} {'train tok/s':>12} {'peak ' + unit:>28} {'torch alloc GiB':>16}"
+        f"{'rollout tok/s':>14} {'train tok/s':>12} {'peak ' + unit:>28} {'torch alloc GiB':>16} "
+        f"{'torch reserved GiB':>19}"
     )
     print(header)
     for name, r in results.items():
@@ -1110,12 +1116,16 @@ def report(
         s = r["summary"]
         peak = f"{r['peak'] / GIB:.2f}"
         allocated = f"{r['allocated'] / GIB:.2f}" if cuda else "n/a"
+        reserved = "n/a" if r["reserved"] is None else f"{r['reserved'] / GIB:.2f}"
         print(
             f"{name:<8} {len(r['times']):>5} {s['median']:>9.3f} {s['min']:>8.3f} "
             f"{s['max']:>8.3f} {s['rollout_tps']:>14.0f} {s['train_tps']:>12.0f} "
-            f"{peak:>28} {allocated:>16}"
+            f"{peak:>28} {allocated:>16} {reserved:>19}"
         )
-    print(f"peak memory: {where}; torch alloc: the worker process's own tensors")
+    print(
+        f"peak memory: {where}; torch alloc / reserved: the worker process's own tensors / "
+        "its caching allocator's segments"
+    )
     if per_process:
         print(
             "at its peak, the worker process itself / its child processes (GiB): "
@@ -1400,13 +1410,14 @@ def timed_step(w: Worker, index: int) -> StepTime:
 
 
 def result_of(w: Worker, times: list[StepTime]) -> dict[str, Any]:
-    peak, peak_own, allocated, per_process = w.finish()
+    peak, peak_own, allocated, reserved, per_process = w.finish()
     return {
         "times": [asdict(t) for t in times],
         "summary": summary(times),
         "peak": peak,
         "peak_own": peak_own,
         "allocated": allocated,
+        "reserved": reserved,
         "per_process": per_process,
         "versions": w.versions,
     }

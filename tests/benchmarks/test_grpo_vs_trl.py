@@ -404,19 +404,19 @@ def test_peak_memory_samples_only_while_a_step_is_watched(bench):
 
 
 def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsys):
-    def result(seconds, versions):
+    def result(seconds, versions, reserved=None):
         step = bench.StepTime(
             step_s=seconds, rollout_s=seconds / 2, response_tokens=64, total_tokens=128
         )
         return {
             "times": [bench.asdict(step)], "summary": bench.summary([step]),
-            "peak": 2**30, "peak_own": 2**28, "allocated": 0, "per_process": True,
-            "versions": versions,
+            "peak": 2**30, "peak_own": 2**28, "allocated": 0, "reserved": reserved,
+            "per_process": True, "versions": versions,
         }  # fmt: skip
 
     results = {
         "ours": result(2.0, {"sglang": "0.5.17"}),
-        "trl": result(8.0, {"trl": "1.16.0"}),
+        "trl": result(8.0, {"trl": "1.16.0"}, reserved=3 * 2**29),
         "trl-vllm": result(3.0, {"trl": "1.16.0", "vllm": "0.26.0"}),
     }
     assert bench.ratios(results) == {"trl": 4.0, "trl-vllm": 1.5}
@@ -428,8 +428,8 @@ def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsy
     assert "trl-vllm: vLLM's sleep mode on" in out
     assert "systems: side by side, timed steps in turn" in out
     assert "its child processes (GiB): ours 0.25 / 0.75, trl 0.25 / 0.75" in out
-    rows = [line.split()[0] for line in out.splitlines() if line.endswith("n/a")]
-    assert rows == ["ours", "trl", "trl-vllm"]
+    rows = {line.split()[0]: line.split()[-2:] for line in out.splitlines() if " n/a" in line}
+    assert rows == {"ours": ["n/a", "n/a"], "trl": ["n/a", "1.50"], "trl-vllm": ["n/a", "n/a"]}
 
 
 @pytest.mark.parametrize(
@@ -584,7 +584,7 @@ def test_the_long_response_bound_and_an_out_of_memory_system_are_reported(bench,
     step = bench.StepTime(step_s=90.0, rollout_s=60.0, response_tokens=64 * 8192, total_tokens=0)
     measured = {
         "times": [bench.asdict(step)], "summary": bench.summary([step]), "peak": 2**30,
-        "peak_own": 2**30, "allocated": 0, "per_process": True, "versions": {},
+        "peak_own": 2**30, "allocated": 0, "reserved": None, "per_process": True, "versions": {},
     }  # fmt: skip
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.27 GiB"
     failed = {"failed": oom, "stage": "warm-up", "out_of_memory": bench.out_of_memory(oom)}
