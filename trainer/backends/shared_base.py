@@ -10,8 +10,8 @@ across Ray actors as CUDA IPC handles (torch's pickling of CUDA tensors, the way
 scheduler takes the merged weights), so the engine maps the trainer's memory and copies nothing.
 
 Where memory is swapped (``release``) the trainer may move its base to the host during rollouts
-(``--lora-base-cpu-backup``), so the engine keeps a copy of its own there, as it does for the
-Megatron trainer (whose weights are laid out its own way) and across several GPUs.
+(``--lora-base-cpu-backup``), so the engine keeps a copy of its own there, as it does across
+several GPUs (one lender, one borrower on one GPU is what is built).
 """
 
 from __future__ import annotations
