@@ -495,9 +495,9 @@ def test_ours_config_takes_the_sized_fraction_unless_the_ours_flags_set_one(benc
         assert bench.ours_config(chosen, 1, full).sglang.sglang_mem_fraction_static == 0.3
 
 
-def test_ours_merged_with_memory_kept_merges_into_its_trainer_s_base(bench, tmp_path):
-    """As train.py's placement: the engine borrows the trainer's base where memory is kept
-    (`shared_base`), not where it is swapped."""
+def test_ours_merged_with_memory_kept_is_a_config_whose_trainer_lends_its_base(bench, tmp_path):
+    """`Ours` lends the trainer's base as train.py's placement does where `lends_base` holds:
+    for the benchmark's argv merged and kept, not swapped."""
     from trainer.arguments import parse_args
     from trainer.backends import shared_base
 

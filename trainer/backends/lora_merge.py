@@ -132,9 +132,11 @@ class LoraMerger:
     def borrow(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Merge into `weights` (another holder's tensors, on this merger's device, in its
         dtype: the trainer's frozen base, `shared_base`) in place of reading those names."""
-        device = indexed(self.device)
+        import torch
+
+        device = torch.device(self.device)  # with its index, as the backends name devices
         for name, weight in weights.items():
-            if indexed(weight.device) != device or weight.dtype != self.dtype:
+            if weight.device != device or weight.dtype != self.dtype:
                 raise MergeError(
                     f"the base weight {name} lent to the merge is {weight.dtype} on "
                     f"{weight.device}; the merge needs {self.dtype} on {device}"
@@ -186,16 +188,6 @@ class LoraMerger:
                 )
             merged[layer.weight].copy_(merged_weight(base, a, b, scaling))
         return merged
-
-
-def indexed(device: Any) -> torch.device:
-    """`device` with its index: ``cuda`` is the current GPU."""
-    import torch
-
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def read_weights(path: Path, names: Iterable[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -108,14 +108,18 @@ def test_released_base_weights_come_back_from_their_host_copy(model_dir, trained
 def test_an_engine_merging_into_the_trainer_s_base_scores_as_one_with_its_own(model_dir, trained):
     adapter = trained.export_adapter()
     own, borrowing = (HFRolloutEngine(model_dir, merged=True) for _ in range(2))
-    borrowing.borrow_base(
-        {f"{n.removeprefix('base_model.model.').replace('.base_layer', '')}": p.detach()
-         for n, p in trained.model.named_parameters() if n.endswith("base_layer.weight")}
-    )  # fmt: skip
-    assert borrowing.merger.base
+    lent = {
+        n.removeprefix("base_model.model.").replace(".base_layer", ""): p.detach()
+        for n, p in trained.model.named_parameters()
+        if n.endswith("base_layer.weight")
+    }
+    borrowing.borrow_base(lent)
     own.load_adapter(adapter)
     borrowing.load_adapter(adapter)
     assert own.score(SEQUENCE) == borrowing.score(SEQUENCE)
+    # it merged into the lent tensors themselves and read no base of its own
+    assert borrowing.merger.base.keys() == lent.keys()
+    assert all(borrowing.merger.base[name] is weight for name, weight in lent.items())
     with pytest.raises(ValueError, match="borrows no base"):
         HFRolloutEngine(model_dir).borrow_base({})
 
