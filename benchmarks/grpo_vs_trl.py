@@ -63,6 +63,9 @@ system fewer, e.g. the slow `trl`, which then drops out of the later rounds). `-
 runs them one after another instead, each alone on the device (started, warmed up, timed,
 ended), for shapes whose systems do not fit the device together (Qwen3-4B on an H200); a system
 that fails there, out of memory say, is reported with its error and the others still run.
+With `--json`, each system's results are written as it ends; a run stopped part way (by a
+node's time limit, say) continues with the same arguments and `--resume`, which runs only the
+systems still pending and reports them all (refused for another workload or another device).
 `--SYSTEM-path` puts directories first on that worker's `sys.path` and `PYTHONPATH` only: on a
 node where vLLM's and SGLang's pins conflict, each comes from its own wheelhouse target.
 Reported per system: the package versions its worker imported, step time median / min / max,
@@ -1280,6 +1283,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         "H100 3.35, H200 4.8, ...; HBM_TBPS)",
     )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --one-at-a-time: run only the systems --json's earlier run left pending "
+        "(stopped by a node's time limit, say; same workload, same device) and report them all",
+    )
     options = parser.parse_args(argv)
     systems = [s.strip() for s in options.systems.split(",") if s.strip()]
     if not systems or any(s not in SYSTEMS for s in systems):
@@ -1342,7 +1351,41 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
 
         if not torch.cuda.is_available():
             parser.exit(2, f"{parser.prog}: error: --device cuda: no CUDA device here\n")
+    options.earlier = {}
+    if options.resume:
+        try:
+            options.earlier = earlier_results(options, spec)
+        except ValueError as err:
+            parser.exit(2, f"{parser.prog}: error: --resume: {err}\n")
     return options, spec
+
+
+def earlier_results(options: argparse.Namespace, spec: Spec) -> dict[str, dict[str, Any]]:
+    """The results of the `--json` document a stopped `--one-at-a-time` run left, if it ran
+    this workload on this kind of device (ratios only compare runs on one device); a system
+    that failed there stays failed (out of memory is a result), one never run is run now."""
+    if options.json is None or not options.one_at_a_time:
+        raise ValueError("continues an earlier --one-at-a-time run: give both and its --json")
+    try:
+        document = json.loads(options.json.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read {options.json}: {err}") from None
+    if not isinstance(document, dict) or not document.get("one_at_a_time"):
+        raise ValueError(f"{options.json} is not the JSON of a --one-at-a-time run")
+    if document.get("machine") != machine(spec):
+        raise ValueError(
+            f"{options.json} ran on {document.get('machine', 'an unnamed machine')}, "
+            f"not on this {machine(spec)}"
+        )
+    now = {key: value for key, value in asdict(spec).items() if key != "work"}
+    then = document.get("spec", {})
+    changed = sorted(key for key in now if then.get(key) != now[key])
+    if changed:
+        raise ValueError(
+            f"{options.json} ran another workload ({', '.join(changed)} differ): give its "
+            "arguments again"
+        )
+    return dict(document["results"])
 
 
 def own_steps(options: argparse.Namespace, kind: str) -> int:
@@ -1381,6 +1424,7 @@ def write_json(options: argparse.Namespace, spec: Spec, results: dict[str, dict[
     stopped part way, by a node's time limit say, keeps the systems it finished)."""
     document = {
         "spec": asdict(spec),
+        "machine": machine(spec),
         "one_at_a_time": options.one_at_a_time,
         "results": results,
         "ratios": ratios(results),
@@ -1462,9 +1506,10 @@ def run_one_at_a_time(
     """Each system alone on the device in turn: started, warmed up, timed, its worker ended
     before the next starts. A system that fails (out of memory at a large shape) is reported
     with its error (its worker has printed the traceback), and the others still run. `save`
-    gets the results after each system, its worker ended."""
-    results: dict[str, dict[str, Any]] = {}
-    for kind in options.systems:
+    gets the results after each system, its worker ended. Systems with results from an earlier
+    run (`--resume`) are not run again."""
+    results: dict[str, dict[str, Any]] = dict(options.earlier)
+    for kind in (k for k in options.systems if k not in results):
         stage = "start"
         try:
             w = workers[kind] = start_worker(kind, options, spec, baseline)

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -319,26 +320,77 @@ def test_one_at_a_time_a_failing_system_is_reported_and_the_others_still_run(
 
 
 @pytest.mark.timeout(180)
-def test_one_at_a_time_each_finished_system_is_in_the_json_at_once(bench, tmp_path, monkeypatch):
+def test_one_at_a_time_a_stopped_run_keeps_what_ran_and_resumes_with_the_rest(
+    bench, tmp_path, monkeypatch, capsys
+):
     """A run stopped after its first system (a node's time limit, Ctrl-C) leaves that system's
-    results in `--json`, the others named as pending."""
-    pytest.importorskip("trl")
+    results in `--json`, the others named as pending; `--resume` starts only those and reports
+    every system (here trl fails at its start, a stand-in: the resume's bookkeeping is checked,
+    not trl)."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     start = bench.start_worker
+    started = []
 
     def stopped_before_trl(kind, *args):
         if kind == "trl":
             raise KeyboardInterrupt
         return start(kind, *args)
 
-    monkeypatch.setattr(bench, "start_worker", stopped_before_trl)
+    def trl_fails(kind, *args):
+        started.append(kind)
+        raise bench.WorkerFailed(kind, "Traceback ...\nRuntimeError: the stand-in trl")
+
     out = tmp_path / "results.json"
     argv = ["--device", "cpu", "--tiny", "--systems", "ours,trl", "--one-at-a-time"]
+    argv += ["--steps", "1", "--warmup", "0", "--json", str(out)]
+    monkeypatch.setattr(bench, "start_worker", stopped_before_trl)
     with pytest.raises(KeyboardInterrupt):
-        bench.main([*argv, "--steps", "1", "--warmup", "0", "--json", str(out)])
-    document = json.loads(out.read_text())
-    assert document["pending"] == ["trl"]
-    assert len(document["results"]["ours"]["times"]) == 1
+        bench.main(argv)
+    first = json.loads(out.read_text())
+    assert first["pending"] == ["trl"]
+    assert len(first["results"]["ours"]["times"]) == 1
+    capsys.readouterr()
+
+    monkeypatch.setattr(bench, "start_worker", trl_fails)
+    bench.main([*argv, "--resume"])
+    assert started == ["trl"]
+    resumed = json.loads(out.read_text())
+    assert resumed["pending"] == [] and resumed["machine"] == first["machine"]
+    assert resumed["results"]["ours"] == first["results"]["ours"]
+    assert resumed["results"]["trl"]["failed"] == "RuntimeError: the stand-in trl"
+    printed = capsys.readouterr().out
+    assert re.search(r"^ours +1 ", printed, re.MULTILINE)
+    assert "trl      failed at start: RuntimeError: the stand-in trl" in printed
+
+
+@pytest.mark.parametrize(
+    ("argv", "earlier", "message"),
+    [
+        (["--prompt-len", "24"], {}, "ran another workload (prompt_len differ)"),
+        ([], {"machine": "NVIDIA H200, 16 cores"}, "ran on NVIDIA H200, 16 cores, not on this CPU"),
+        ([], {"one_at_a_time": False}, "is not the JSON of a --one-at-a-time run"),
+        (["--json", "/no/such/results.json"], {}, "cannot read /no/such/results.json"),
+    ],
+)
+def test_resume_refuses_another_workload_or_device_in_one_line(
+    bench, tmp_path, capsys, argv, earlier, message
+):
+    out = tmp_path / "results.json"
+    base = ["--device", "cpu", "--tiny", "--systems", "ours,trl", "--one-at-a-time"]
+    options, spec = bench.parse([*base, "--json", str(out)])
+    bench.write_json(options, spec, {})
+    out.write_text(json.dumps({**json.loads(out.read_text()), **earlier}))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse([*base, "--json", str(out), *argv, "--resume"])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_resume_needs_the_one_at_a_time_runs_json(bench, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse(["--device", "cpu", "--tiny", "--resume"])
+    assert exit_info.value.code == 2
+    assert "--resume: continues an earlier --one-at-a-time run" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(180)

@@ -33,7 +33,9 @@ run splits the same way, after its first rollout's checkpoint:
     pytest -m cuda_gpu tests/manual/test_cuda_production.py -s -k "merged and not kept" \
         --gpu-run-dir ~/gpu-runs --gpu-run-phase resume
 
-(``-k kept``: the merged job with both resident, its engine merging into the trainer's base.)
+(``-k kept``: the merged job with both resident, its engine merging into the trainer's base;
+on a fresh node, where FlashInfer compiles, it too takes longer than 500 s in one command, so it
+splits the same way.)
 
 Output streams as the run goes (`tests/manual/live_run.py`); each run has a time budget and a
 failure says what it was waiting for. `test_data_parallel_on_two_gpus` runs the job with two
