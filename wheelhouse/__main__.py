@@ -1,7 +1,8 @@
-"""`python -m wheelhouse {inventory,build,install}`: a wheelhouse for air-gapped GPU nodes.
+"""`python -m wheelhouse {inventory,build,install,kernels}`: a wheelhouse for air-gapped GPU
+nodes.
 
-`inventory` and `install` run on the node with the standard library (and `common`) only; `build`
-runs where PyPI is reachable and imports its helpers lazily.
+`inventory`, `install` and `kernels` run on the node with the standard library (and `common`)
+only; `build` runs where PyPI is reachable and imports its helpers lazily.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ Bring Python packages to a GPU node without internet:
   here:          python -m wheelhouse build --inventory node.json -r reqs.txt -o wh
   carry wh/batch-N to the node, then there:
                  python -m wheelhouse install wh/batch-1 wh/batch-2 [--target DIR]
-  or, one batch at a time:  python -m wheelhouse install batch-N --stash ~/wheels"""
+  or, one batch at a time:  python -m wheelhouse install batch-N --stash ~/wheels
+  after a run there, the kernels FlashInfer compiled, for the next node's wheelhouse:
+                 python -m wheelhouse kernels -o built"""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -104,6 +107,18 @@ def parser() -> argparse.ArgumentParser:
         help="copy the wheels built from source distributions here (carry them back and pass "
         "--find-links to the next build instead of --sdist)",
     )
+
+    ker = sub.add_parser(
+        "kernels",
+        help="pack the kernels FlashInfer compiled on this node as a wheel (run ON the node)",
+    )
+    ker.add_argument(
+        "--cache",
+        type=Path,
+        help="FlashInfer's cache folder (default: .cache/flashinfer in "
+        "$FLASHINFER_WORKSPACE_BASE, else in the home folder)",
+    )
+    ker.add_argument("-o", "--output", type=Path, required=True, help="output folder")
     return top
 
 
@@ -169,9 +184,21 @@ def run_install(args: argparse.Namespace) -> None:
     print(install(args.batches, args.target, args.stash, args.keep_built))
 
 
+def run_kernels(args: argparse.Namespace) -> None:
+    from wheelhouse.kernels import flashinfer_cache, pack
+
+    for line in pack(args.cache or flashinfer_cache(), args.output):
+        print(line)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    handlers = {"inventory": run_inventory, "build": run_build, "install": run_install}
+    handlers = {
+        "inventory": run_inventory,
+        "build": run_build,
+        "install": run_install,
+        "kernels": run_kernels,
+    }
     return run_command(
         "wheelhouse", partial(handlers[args.command], args), WheelhouseError, status=2
     )

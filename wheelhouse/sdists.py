@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import urllib.parse
 import urllib.request
-import zipfile
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -20,8 +19,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from common.digests import file_sha256
 from wheelhouse.batches import WheelhouseError
 from wheelhouse.names import normalize
-from wheelhouse.slim import record_hash
 from wheelhouse.target import same_public_version
+from wheelhouse.wheel_file import write_wheel
 
 PYPI = "https://pypi.org/simple"
 SUFFIXES = (".tar.gz", ".zip")
@@ -92,21 +91,4 @@ def fetch(
 
 def write_stand_in(folder: Path, name: str, version: str) -> Path:
     """A metadata-only wheel of name==version (no dependencies) for pip's resolver."""
-    dist = name.replace("-", "_")
-    info = f"{dist}-{version}.dist-info"
-    members = {
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: wheelhouse\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n",
-    }
-    record = "".join(
-        f"{member},{record_hash(text.encode())},{len(text.encode())}\n"
-        for member, text in members.items()
-    )
-    record += f"{info}/RECORD,,\n"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{dist}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for member, text in {**members, f"{info}/RECORD": record}.items():
-            zf.writestr(member, text)
-    return path
+    return write_wheel(folder, name, version, {})

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import base64
 import csv
 import fnmatch
-import hashlib
 import io
 import re
 import shutil
@@ -18,6 +16,7 @@ from pathlib import Path
 
 from wheelhouse.batches import WheelhouseError
 from wheelhouse.profiles import Rule
+from wheelhouse.wheel_file import record_hash
 
 _SM = re.compile(r"(?<![a-z0-9])sm_?(\d{2,3})[a-z]?(?![0-9])", re.IGNORECASE)
 _ARCH = re.compile(r"sm_?(\d{2,3})a?", re.IGNORECASE)
@@ -50,11 +49,6 @@ def matches(member: str, patterns: tuple[str, ...]) -> bool:
         member.startswith(p) if p.endswith("/") else fnmatch.fnmatchcase(member, p)
         for p in patterns
     )
-
-
-def record_hash(data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"sha256={digest}"
 
 
 def strip_library(data: bytes, name: str) -> bytes:
