@@ -1370,7 +1370,11 @@ def earlier_results(options: argparse.Namespace, spec: Spec) -> dict[str, dict[s
         document = json.loads(options.json.read_text())
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot read {options.json}: {err}") from None
-    if not isinstance(document, dict) or not document.get("one_at_a_time"):
+    if (
+        not isinstance(document, dict)
+        or not document.get("one_at_a_time")
+        or not isinstance(document.get("results"), dict)
+    ):
         raise ValueError(f"{options.json} is not the JSON of a --one-at-a-time run")
     if document.get("machine") != machine(spec):
         raise ValueError(

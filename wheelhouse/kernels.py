@@ -27,7 +27,7 @@ from wheelhouse.wheel_file import write_wheel
 DISTRIBUTION = "flashinfer-jit-cache"
 PACKAGE = "flashinfer_jit_cache"
 
-_INIT = '''"""FlashInfer {version}'s kernels as a node compiled them for {archs}; FlashInfer
+_INIT = '''"""FlashInfer {version}'s kernels as a node compiled them for {arch}; FlashInfer
 loads them from here instead of compiling (written by `python -m wheelhouse kernels`)."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class CompiledKernels:
 
     @property
     def archs(self) -> tuple[str, ...]:
-        """Compute capabilities as torch reports them joined ("90" for "90a")."""
+        """Compute capabilities, major and minor joined as NVML reports them ("90" for "90a")."""
         return tuple(re.sub(r"[a-z]+$", "", a) for a in self.arch.split("_"))
 
 
@@ -118,7 +118,9 @@ def pack(cache: Path, out: Path) -> list[str]:
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     for kernels in found:
         local = "sm" + kernels.arch.replace("_", ".sm")
-        init = _INIT.format(version=kernels.version, local=local, archs=kernels.archs)
+        init = _INIT.format(
+            version=kernels.version, arch=kernels.arch, local=local, archs=kernels.archs
+        )
         files = {f"{PACKAGE}/__init__.py": init.encode()}
         for name, library in kernels.libraries.items():
             files[f"{PACKAGE}/jit_cache/{name}/{name}.so"] = library.read_bytes()
