@@ -66,6 +66,8 @@ that fails there, out of memory say, is reported with its error and the others s
 With `--json`, each system's results are written as it ends; a run stopped part way (by a
 node's time limit, say) continues with the same arguments and `--resume`, which runs only the
 systems still pending and reports them all (refused for another workload or another device).
+`--inputs DIR` keeps the random model there, so later runs of the same shape and seed on the
+node reuse it instead of building it again (a minute for the Qwen3-4B shape).
 `--SYSTEM-path` puts directories first on that worker's `sys.path` and `PYTHONPATH` only: on a
 node where vLLM's and SGLang's pins conflict, each comes from its own wheelhouse target.
 Reported per system: the package versions its worker imported, step time median / min / max,
@@ -101,6 +103,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -176,6 +179,7 @@ class Spec:
     vllm_sleep: bool = True  # trl-vllm: vLLM's sleep mode (see the module's docstring)
     gradient_checkpointing: bool = False  # every system's own (see the module's docstring)
     vllm_memory: float | None = None  # the vLLM systems' GPU share; None: each one's default
+    inputs: str = ""  # `--inputs`: the model and prompts kept here for later runs; "": in `work`
 
     @property
     def model_shape(self) -> dict[str, Any]:
@@ -188,11 +192,20 @@ class Spec:
 
     @property
     def model_dir(self) -> str:
-        return str(Path(self.work) / "model")
+        return str(Path(self.inputs or self.work) / "model")
 
     @property
     def prompt_file(self) -> str:
-        return str(Path(self.work) / "prompts.jsonl")
+        return str(Path(self.inputs or self.work) / "prompts.jsonl")
+
+    @property
+    def model_key(self) -> dict[str, Any]:
+        """What the random model and its tokenizer are built from."""
+        return {"tiny": self.tiny, "shape": self.shape, "seed": self.seed}
+
+
+# Spec fields that say where a run keeps its files, not what it measures
+RUN_LOCAL = ("work", "inputs")
 
 
 @dataclass
@@ -237,9 +250,31 @@ def prompt_words(spec: Spec) -> list[str]:
     return list(tiny_task.vocabulary(spec.model_shape["vocab_size"]))[len(tiny_task.vocabulary()) :]
 
 
+def prepare_inputs(spec: Spec, rows: int) -> str:
+    """The model (`build_model`) unless `spec.inputs` holds it from an earlier run of the same
+    `model_key`, and the prompts; says which."""
+    started = time.perf_counter()
+    key_file = Path(spec.model_dir) / "benchmark-model.json"
+    reused = key_file.is_file() and json.loads(key_file.read_text()) == spec.model_key
+    if not reused:
+        shutil.rmtree(spec.model_dir, ignore_errors=True)
+        build_model(spec)
+        key_file.write_text(json.dumps(spec.model_key))  # last: a half-built model is rebuilt
+    write_prompts(spec, rows)
+    took = f"in {time.perf_counter() - started:.1f} s"
+    if reused:
+        return f"model reused from {spec.model_dir}, prompts written {took}"
+    return f"built model and prompts {took}"
+
+
 def build_inputs(spec: Spec, rows: int) -> None:
-    """The random-weight model (no EOS in its configs) and tokenizer in `spec.model_dir`, and
-    `rows` prompts of `spec.prompt_len` words in `spec.prompt_file`."""
+    """The model (`build_model`) and `rows` prompts (`write_prompts`), built afresh."""
+    build_model(spec)
+    write_prompts(spec, rows)
+
+
+def build_model(spec: Spec) -> None:
+    """The random-weight model (no EOS in its configs) and tokenizer in `spec.model_dir`."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -264,6 +299,10 @@ def build_inputs(spec: Spec, rows: int) -> None:
         model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     model.generation_config = GenerationConfig(pad_token_id=pad)
     model.save_pretrained(spec.model_dir)
+
+
+def write_prompts(spec: Spec, rows: int) -> None:
+    """`rows` prompts of `spec.prompt_len` words in `spec.prompt_file`."""
     rng = random.Random(spec.seed)
     words = prompt_words(spec)
     with open(spec.prompt_file, "w", encoding="utf-8") as f:
@@ -1284,6 +1323,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
     )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument(
+        "--inputs",
+        type=Path,
+        help="keep the random model and the prompts in this folder and reuse the model in "
+        "later runs of the same shape and seed (the Qwen3-4B shape takes a minute to build)",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="with --one-at-a-time: run only the systems --json's earlier run left pending "
@@ -1333,6 +1378,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         ),
         gradient_checkpointing=options.gradient_checkpointing,
         vllm_memory=options.vllm_memory,
+        inputs=str(options.inputs.resolve()) if options.inputs else "",
     )
     if spec.prompt_len + spec.response_len > spec.max_positions:
         model = "the tiny model" if spec.tiny else f"the {spec.shape} shape"
@@ -1381,7 +1427,7 @@ def earlier_results(options: argparse.Namespace, spec: Spec) -> dict[str, dict[s
             f"{options.json} ran on {document.get('machine', 'an unnamed machine')}, "
             f"not on this {machine(spec)}"
         )
-    now = {key: value for key, value in asdict(spec).items() if key != "work"}
+    now = {key: value for key, value in asdict(spec).items() if key not in RUN_LOCAL}
     then = document.get("spec", {})
     changed = sorted(key for key in now if then.get(key) != now[key])
     if changed:
@@ -1406,9 +1452,7 @@ def main(argv: list[str] | None = None) -> None:
     total = options.warmup + max(options.steps.values())
     with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as work:
         spec.work = work
-        started = time.perf_counter()
-        build_inputs(spec, rows=spec.prompts * (total + 2))
-        print(f"built model and prompts in {time.perf_counter() - started:.1f} s", flush=True)
+        print(prepare_inputs(spec, rows=spec.prompts * (total + 2)), flush=True)
         baseline = device_used(spec.device)
         workers: dict[str, Worker] = {}
         run = run_one_at_a_time if options.one_at_a_time else run_side_by_side

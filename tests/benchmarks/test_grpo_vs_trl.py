@@ -363,6 +363,30 @@ def test_one_at_a_time_a_stopped_run_keeps_what_ran_and_resumes_with_the_rest(
     assert "trl      failed at start: RuntimeError: the stand-in trl" in printed
 
 
+def test_inputs_keep_the_model_for_the_next_run_of_its_shape_and_seed(bench, tmp_path):
+    """`--inputs DIR`: the model built once is reused by a later run of the same shape and seed
+    (its files untouched), rebuilt for another seed; the prompts are written for each run."""
+    inputs = tmp_path / "inputs"
+    argv = ["--device", "cpu", "--tiny", "--inputs", str(inputs)]
+    _, spec = bench.parse(argv)
+    spec.work = str(tmp_path / "run-1")
+    assert bench.prepare_inputs(spec, rows=8).startswith("built model and prompts in ")
+    weights = Path(spec.model_dir) / "model.safetensors"
+    built = weights.stat().st_mtime_ns
+    assert len(Path(spec.prompt_file).read_text().splitlines()) == 8
+
+    _, again = bench.parse(argv)
+    again.work = str(tmp_path / "run-2")
+    assert bench.prepare_inputs(again, rows=16).startswith(f"model reused from {inputs / 'model'}")
+    assert weights.stat().st_mtime_ns == built
+    assert len(Path(again.prompt_file).read_text().splitlines()) == 16
+
+    _, other = bench.parse([*argv, "--seed", "7"])
+    other.work = str(tmp_path / "run-3")
+    assert bench.prepare_inputs(other, rows=8).startswith("built model and prompts in ")
+    assert weights.stat().st_mtime_ns != built
+
+
 @pytest.mark.parametrize(
     ("argv", "earlier", "message"),
     [
