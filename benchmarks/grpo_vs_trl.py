@@ -110,7 +110,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib.machinery import PathFinder
 from importlib.util import find_spec
@@ -1113,10 +1113,16 @@ def count_params(spec: Spec) -> tuple[int, int]:
 
 
 def report(
-    spec: Spec, results: dict[str, dict[str, Any]], hbm_tbps: float | None, *, alone: bool = False
+    spec: Spec,
+    results: dict[str, dict[str, Any]],
+    hbm_tbps: float | None,
+    *,
+    alone: bool = False,
+    earlier: Sequence[str] = (),
 ) -> None:
     """Print the run's table; `alone`: each system ran by itself (`--one-at-a-time`);
-    `hbm_tbps`: ``--hbm-tbps``, else the device's own (`device_hbm_tbps`)."""
+    `hbm_tbps`: ``--hbm-tbps``, else the device's own (`device_hbm_tbps`); `earlier`: the
+    systems whose results came from an earlier command (`--resume`)."""
     cuda = spec.device.startswith("cuda")
     done = completed(results)
     per_process = all(r["per_process"] for r in done.values())
@@ -1138,6 +1144,8 @@ def report(
         if alone
         else "systems: side by side, timed steps in turn"
     )
+    if earlier:
+        print(f"from an earlier command on this kind of device (--resume): {', '.join(earlier)}")
     print(
         f"{spec.prompts} prompts x {spec.samples} samples, {spec.prompt_len} prompt + "
         f"{spec.response_len} response tokens, LoRA r=64 all-linear, "
@@ -1464,7 +1472,9 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             for w in workers.values():  # after a failure, the others wait for commands
                 w.stop()
-    report(spec, results, options.hbm_tbps, alone=options.one_at_a_time)
+    report(
+        spec, results, options.hbm_tbps, alone=options.one_at_a_time, earlier=list(options.earlier)
+    )
 
 
 def write_json(options: argparse.Namespace, spec: Spec, results: dict[str, dict[str, Any]]) -> None:

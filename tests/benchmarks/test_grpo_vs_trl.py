@@ -359,6 +359,7 @@ def test_one_at_a_time_a_stopped_run_keeps_what_ran_and_resumes_with_the_rest(
     assert resumed["results"]["ours"] == first["results"]["ours"]
     assert resumed["results"]["trl"]["failed"] == "RuntimeError: the stand-in trl"
     printed = capsys.readouterr().out
+    assert "from an earlier command on this kind of device (--resume): ours" in printed
     assert re.search(r"^ours +1 ", printed, re.MULTILINE)
     assert "trl      failed at start: RuntimeError: the stand-in trl" in printed
 
