@@ -252,7 +252,7 @@ def prompt_words(spec: Spec) -> list[str]:
 
 def prepare_inputs(spec: Spec, rows: int) -> str:
     """The model (`build_model`) unless `spec.inputs` holds it from an earlier run of the same
-    `model_key`, and the prompts; says which."""
+    `model_key`, and `rows` prompts (`write_prompts`); says which."""
     started = time.perf_counter()
     key_file = Path(spec.model_dir) / "benchmark-model.json"
     reused = key_file.is_file() and json.loads(key_file.read_text()) == spec.model_key
@@ -265,12 +265,6 @@ def prepare_inputs(spec: Spec, rows: int) -> str:
     if reused:
         return f"model reused from {spec.model_dir}, prompts written {took}"
     return f"built model and prompts {took}"
-
-
-def build_inputs(spec: Spec, rows: int) -> None:
-    """The model (`build_model`) and `rows` prompts (`write_prompts`), built afresh."""
-    build_model(spec)
-    write_prompts(spec, rows)
 
 
 def build_model(spec: Spec) -> None:

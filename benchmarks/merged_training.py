@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.grpo_vs_trl import MODEL_SHAPES, Spec, build_inputs
+from benchmarks.grpo_vs_trl import MODEL_SHAPES, Spec, prepare_inputs
 from benchmarks.step_profile import profile_call
 
 # the trainers compared, by name, with their PeftPolicyTrainer options
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
             micro_batch=options.micro_batch, lr=2e-5, seed=42, rollout_backend="hf",
             shape=options.shape,
         )  # fmt: skip
-        build_inputs(spec, rows=1)
+        prepare_inputs(spec, rows=1)
         trainers = {
             name: PeftPolicyTrainer(
                 spec.model_dir,

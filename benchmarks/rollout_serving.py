@@ -56,11 +56,11 @@ from benchmarks.grpo_vs_trl import (
     TARGETS,
     Spec,
     bound_bandwidth,
-    build_inputs,
     count_params,
     decode_bound,
     device_memory,
     ours_config,
+    prepare_inputs,
     projection_shapes,
     prompts_of,
     sglang_flags,
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
             response_len=512, micro_batch=16, lr=2e-5, seed=42, rollout_backend="sglang",
             shape=options.shape, ours_flags=shlex.split(options.ours_flags), ours_memory="keep",
         )  # fmt: skip
-        build_inputs(spec, rows=spec.prompts)
+        prepare_inputs(spec, rows=spec.prompts)
         results = {
             (variant, serving): run(
                 replace(spec, ours_flags=[*spec.ours_flags, *flags]),

@@ -231,7 +231,7 @@ def test_the_trl_vllm_worker_syncs_once_per_step_through_trls_own_vllm_glue(
         monkeypatch.setenv(name, "")  # TRL sets them for vLLM: restored afterwards
         monkeypatch.delenv(name)
     spec = tiny_spec(bench, tmp_path)
-    bench.build_inputs(spec, rows=spec.prompts * 4)
+    bench.prepare_inputs(spec, rows=spec.prompts * 4)
     commands = Commands(["reset", "step", "step"])
     memory = bench.PeakMemory("cpu", 0)
     bench.run_trl(spec, "trl-vllm", 2, commands, memory)
@@ -545,7 +545,7 @@ def test_ours_sglang_fraction_holds_a_step_s_kv_cache_on_the_device_at_hand(benc
     from trainer.job import memory_estimate, model_shape
 
     spec = tiny_spec(bench, tmp_path, device="cuda", rollout_backend="sglang")
-    bench.build_inputs(spec, rows=8)
+    bench.prepare_inputs(spec, rows=8)
     config = parse_args(bench.ours_argv(spec, steps=1))
     targets = registry.adapter_targets(config).hf
     shape = model_shape.read(Path(spec.model_dir), lora_rank=64, lora_targets=targets)
@@ -559,7 +559,7 @@ def test_ours_sglang_fraction_holds_a_step_s_kv_cache_on_the_device_at_hand(benc
 
 def test_ours_config_takes_the_sized_fraction_unless_the_ours_flags_set_one(bench, tmp_path):
     spec = tiny_spec(bench, tmp_path, device="cuda", rollout_backend="sglang")
-    bench.build_inputs(spec, rows=8)
+    bench.prepare_inputs(spec, rows=8)
 
     def full() -> DeviceMemory:  # one byte free: the most the fraction takes
         return DeviceMemory(free=1, total=1)

@@ -4,7 +4,6 @@ resolver and downloader, offline."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -31,11 +30,8 @@ NODE = {
 
 
 @pytest.fixture
-def index(tmp_path: Path, monkeypatch) -> Path:
+def index(tmp_path: Path, pip_offline: None) -> Path:
     """A local index; pip's own configuration (mirrors, global constraints) switched off."""
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    for name in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT"):
-        monkeypatch.delenv(name, raising=False)
     idx = tmp_path / "index"
     make_wheel(idx, "torch", "2.11.0", requires=["nvidia-fake-cu13==13.0.1", "filelock"])
     # a newer torch the resolver would prefer, with a filelock cap that shows it was taken

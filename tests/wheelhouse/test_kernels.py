@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.wheelhouse.test_build import NODE
 from wheelhouse.__main__ import main
+from wheelhouse.inventory import inventory
 
 VERSION = "0.6.15.post1"
 KERNEL = "batch_decode_with_kv_cache_dtype_q_bf16_head_dim_qk_128"
@@ -31,11 +31,8 @@ def flashinfer_cache(home: Path) -> Path:
 
 
 def test_packed_kernels_travel_as_a_wheel_to_flashinfers_aot_folder(
-    tmp_path: Path, monkeypatch, capsys
+    tmp_path: Path, monkeypatch, capsys, pip_offline
 ):
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    for name in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT"):
-        monkeypatch.delenv(name, raising=False)
     ops = flashinfer_cache(tmp_path / "home")
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "home"))
 
@@ -44,7 +41,7 @@ def test_packed_kernels_travel_as_a_wheel_to_flashinfers_aot_folder(
     assert f"packed 1 kernels of FlashInfer {VERSION} for 90a" in capsys.readouterr().out
     assert [p.name for p in (tmp_path / "built").iterdir()] == [wheel]
 
-    (tmp_path / "node.json").write_text(json.dumps(NODE))
+    (tmp_path / "node.json").write_text(json.dumps(inventory()))  # this machine as the node
     pin = f"flashinfer-jit-cache=={VERSION}+sm90a"
     build = ["build", "--inventory", str(tmp_path / "node.json"), "--no-deps", "--no-index"]
     build += ["--find-links", str(tmp_path / "built"), pin, "-o", str(tmp_path / "wh")]
