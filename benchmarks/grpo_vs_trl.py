@@ -1394,6 +1394,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
             2,
             f"{parser.prog}: error: missing Python packages: {'; '.join(missing)}\n",
         )
+    if "verl" in options.paths:
+        from benchmarks.verl_system import peft_problem
+
+        problem = peft_problem(options.paths["verl"])
+        if problem:
+            parser.error(f"--systems verl: {problem}")
     if options.device == "cuda":
         import torch
 

@@ -36,12 +36,37 @@ CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor 
 # vLLM's share of the GPU where `--vllm-memory` is not given: verl's own default.
 VERL_VLLM_MEMORY = 0.5
 POLL_S = 0.02
+# The first peft whose `get_peft_model_state_dict` finds the adapter's entries by module name:
+# under verl 0.9.1's FSDP1 actor, whose module names carry `_fsdp_wrapped_module.`, it finds
+# none, verl sends vLLM an empty adapter and vLLM's `add_lora` fails (StopIteration) while verl
+# waits on. Its target carries peft 0.20.0 (constraints/verl-0.9.1-vllm-0.24.0.txt).
+PEFT_WITHOUT_ADAPTER = (0, 21)
 
 
 def reward(data_source: str, solution_str: str, ground_truth: str, **_: Any) -> float:
     """verl's `custom_reward_function`: the other systems' reward, the parity of the response
     text's length."""
     return parity(solution_str)
+
+
+def peft_problem(path: list[str]) -> str | None:
+    """Why the peft that verl's worker would import (the first on `path`, then this process's)
+    sends verl's rollout no adapter, or None (also where there is none: the missing-package
+    check names it)."""
+    from importlib.metadata import distributions
+
+    from packaging.version import Version
+
+    found = next(iter(distributions(name="peft", path=[*path, *sys.path])), None)
+    if found is None:
+        return None
+    if Version(found.version).release[:2] < PEFT_WITHOUT_ADAPTER:
+        return None
+    return (
+        f"peft {found.version} ({found.locate_file('')}) gives verl 0.9.1's FSDP actor no LoRA "
+        "weights to send to vLLM: put peft 0.20.0 first on the path "
+        "(constraints/verl-0.9.1-vllm-0.24.0.txt)"
+    )
 
 
 def paths(work: str) -> dict[str, Path]:

@@ -754,6 +754,38 @@ def verl_system():
     return module
 
 
+def installed(folder, name, version):
+    """`name` at `version` in `folder`, as pip --target leaves a distribution: its metadata and
+    its package."""
+    (folder / name).mkdir(parents=True, exist_ok=True)
+    (folder / name / "__init__.py").write_text("")
+    info = folder / f"{name}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_verl_is_refused_in_one_line_with_a_peft_that_sends_it_no_adapter(bench, tmp_path, capsys):
+    """peft 0.21 finds no adapter entries under verl's FSDP1 actor (verl_system.peft_problem):
+    the run would start verl, fail in vLLM's add_lora and hang; it is refused before anything
+    starts, naming the peft found first on verl's path. 0.20 passes."""
+    site = tmp_path / "site-verl"
+    for module in ("verl", "ray", "hydra", "pandas", "vllm", "psutil", "transformers", "pynvml"):
+        (site / module).mkdir(parents=True)
+        (site / module / "__init__.py").write_text("")
+    installed(site, "peft", "0.21.0")
+    argv = ["--systems", "verl", "--one-at-a-time", "--verl-path", str(site)]
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse(argv)
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--systems verl: peft 0.21.0 ({site})" in line and "peft 0.20.0" in line
+
+    older = tmp_path / "peft-0.20"
+    installed(older, "peft", "0.20.0")
+    assert verl_system().peft_problem([str(older), str(site)]) is None
+    assert "peft 0.21.0" in verl_system().peft_problem([str(site), str(older)])
+
+
 def test_verl_runs_the_workload_as_grpo_with_lora_on_one_gpu(bench, tmp_path):
     spec = full_spec(bench, work=str(tmp_path), response_len=4096)
     changes = verl_system().config_changes(spec, steps=5)

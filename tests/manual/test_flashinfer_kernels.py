@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -40,9 +41,17 @@ print(json.dumps(report))
 
 
 @pytest.mark.cuda_gpu
-def test_flashinfer_loads_the_packed_kernels_without_compiling(tmp_path: Path) -> None:
+def test_flashinfer_loads_the_packed_kernels_without_compiling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if importlib.util.find_spec("flashinfer") is None:
         pytest.skip("FlashInfer is not installed")
+    # The suite gives every test a HOME of its own; the kernels are in this account's home,
+    # where its engines compiled them (on a node, 2026-12-06, the test skipped without this).
+    account_home = pwd.getpwuid(os.getuid()).pw_dir
+    monkeypatch.setenv(
+        "FLASHINFER_WORKSPACE_BASE", os.environ.get("FLASHINFER_WORKSPACE_BASE", account_home)
+    )
     found = compiled_kernels(flashinfer_cache())
     if not found:
         pytest.skip(f"nothing compiled under {flashinfer_cache()} yet: run an engine first")
