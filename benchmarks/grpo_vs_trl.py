@@ -67,7 +67,8 @@ With `--json`, each system's results are written as it ends; a run stopped part 
 node's time limit, say) continues with the same arguments and `--resume`, which runs only the
 systems still pending and reports them all (refused for another workload or another device).
 `--inputs DIR` keeps the random model there, so later runs of the same shape and seed on the
-node reuse it instead of building it again (a minute for the Qwen3-4B shape).
+node reuse it instead of building it again (a minute for the Qwen3-4B shape). `--step-timeout S`
+fails a system that does not answer (start, step) within S seconds and ends its processes.
 `--SYSTEM-path` puts directories first on that worker's `sys.path` and `PYTHONPATH` only: on a
 node where vLLM's and SGLang's pins conflict, each comes from its own wheelhouse target.
 Reported per system: the package versions its worker imported, step time median / min / max,
@@ -95,6 +96,7 @@ Unsloth and verl (docs/offline-nodes.md: their wheelhouses).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -938,18 +940,36 @@ def out_of_memory(details: str) -> bool:
 
 
 class Worker:
-    def __init__(self, kind: str, spec: Spec, steps: int, baseline: int, path: list[str]) -> None:
+    """A system's worker process; `timeout` (``--step-timeout``): the longest wait for any
+    one answer (its start, a step, its memory), None for no limit."""
+
+    def __init__(
+        self,
+        kind: str,
+        spec: Spec,
+        steps: int,
+        baseline: int,
+        path: list[str],
+        timeout: float | None = None,
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self.kind = kind
+        self.timeout = timeout
         self.conn, child = context.Pipe()
         self.process = context.Process(
             target=worker, args=(kind, spec, steps, baseline, path, child)
         )
         self.process.start()
         child.close()  # so that a worker that dies reads as EOF here, not as a wait forever
-        _, self.versions = self.expect("ready")
+        try:
+            _, self.versions = self.expect("ready")
+        except WorkerFailed:
+            self.stop()  # not yet in the caller's hands: nobody else would end it
+            raise
 
     def receive(self) -> Any:
+        if self.timeout is not None and not self.conn.poll(self.timeout):
+            raise WorkerFailed(self.kind, f"no answer within {self.timeout:g} s (--step-timeout)")
         try:
             message = self.conn.recv()
         except EOFError:
@@ -983,10 +1003,40 @@ class Worker:
         return peak, peak_own, allocated, reserved, per_process
 
     def stop(self) -> None:
-        """End the worker process if it still runs (a failure elsewhere left it waiting)."""
+        """End the worker process if it still runs (a failure elsewhere left it waiting, or it
+        hung), and every process it started: an engine's, or the Ray cluster verl starts, would
+        otherwise keep their GPU memory from the next system."""
         if self.process.is_alive():
+            started = descendants(self.process.pid)
             self.process.terminate()
+            self.process.join(timeout=30)
+            end(started)
         self.process.join(timeout=60)
+
+
+def descendants(pid: int) -> list[Any]:
+    """The processes `pid` started, and theirs (psutil's), or none where psutil is missing
+    here (then only the worker is ended)."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def end(processes: list[Any]) -> None:
+    """Kill `processes` (psutil's) that still run, and wait for them."""
+    if not processes:
+        return
+    import psutil
+
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(processes, timeout=30)
 
 
 # ---------------------------------------------------------------------------- report
@@ -1331,6 +1381,14 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         "later runs of the same shape and seed (the Qwen3-4B shape takes a minute to build)",
     )
     parser.add_argument(
+        "--step-timeout",
+        type=float,
+        metavar="S",
+        help="the longest wait, in seconds, for a system's start or any one of its steps; a "
+        "system that takes longer is failed and its processes ended (with --one-at-a-time the "
+        "others still run). Default: no limit",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="with --one-at-a-time: run only the systems --json's earlier run left pending "
@@ -1350,6 +1408,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
     if options.warmup is None:
         options.warmup = 1 if options.tiny else 2
     options.steps = {kind: own_steps(options, kind) for kind in systems}
+    if options.step_timeout is not None and options.step_timeout <= 0:
+        parser.error(f"--step-timeout {options.step_timeout:g}: seconds, more than 0")
     if min(options.steps.values()) < 1 or options.warmup < 0:
         parser.error("--steps must be >= 1 (every --SYSTEM-steps too) and --warmup >= 0")
     options.paths = {kind: own_path(options, kind) for kind in systems}
@@ -1494,7 +1554,7 @@ def write_json(options: argparse.Namespace, spec: Spec, results: dict[str, dict[
 def start_worker(kind: str, options: argparse.Namespace, spec: Spec, baseline: int) -> Worker:
     started = time.perf_counter()
     total = options.warmup + options.steps[kind]
-    w = Worker(kind, spec, total, baseline, options.paths[kind])
+    w = Worker(kind, spec, total, baseline, options.paths[kind], options.step_timeout)
     print(f"{kind}: ready in {time.perf_counter() - started:.1f} s", flush=True)
     return w
 

@@ -364,6 +364,70 @@ def test_one_at_a_time_a_stopped_run_keeps_what_ran_and_resumes_with_the_rest(
     assert "trl      failed at start: RuntimeError: the stand-in trl" in printed
 
 
+def hang_after_starting_a_process(pid_file: str) -> None:
+    """A worker that stops answering, having started a process of its own (as verl's worker
+    starts a Ray cluster and the engines): what ``--step-timeout`` ends."""
+    started = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    Path(pid_file).write_text(str(started.pid))
+    time.sleep(300)
+
+
+def ended(pid: int) -> bool:
+    psutil = pytest.importorskip("psutil")
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # nobody here reaps it
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_stops_answering_fails_and_its_processes_end(bench, tmp_path):
+    """With a timeout (``--step-timeout``) the wait for a worker's answer ends in a failure
+    that names it, and stopping the worker ends the processes it started too, so that the next
+    system (``--one-at-a-time``) has the GPU to itself. verl's first run hung so, its vLLM
+    worker failed while verl waited on it."""
+    import multiprocessing
+
+    pid_file = tmp_path / "started.pid"
+    process = multiprocessing.get_context("fork").Process(
+        target=hang_after_starting_a_process, args=(str(pid_file),)
+    )
+    process.start()
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the stand-in worker did not start its process"
+        time.sleep(0.05)
+    started = int(pid_file.read_text())
+
+    w = object.__new__(bench.Worker)  # its process and pipe, without spawning a system
+    w.kind, w.timeout, w.process = "verl", 0.5, process
+    w.conn, _ = multiprocessing.Pipe()
+    with pytest.raises(bench.WorkerFailed) as failure:
+        w.receive()
+    assert failure.value.reason == "no answer within 0.5 s (--step-timeout)"
+    w.stop()
+    assert not process.is_alive()
+    assert ended(started)
+
+
+def test_step_timeout_reaches_every_worker_and_must_be_positive(bench, monkeypatch, capsys):
+    made = []
+
+    class Recorded:
+        def __init__(self, *args):
+            made.append(args)
+
+    options, spec = bench.parse(["--device", "cpu", "--tiny", "--step-timeout", "900"])
+    monkeypatch.setattr(bench, "Worker", Recorded)
+    bench.start_worker("ours", options, spec, 0)
+    assert made[0][-1] == 900.0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse(["--device", "cpu", "--tiny", "--step-timeout", "0"])
+    assert exit_info.value.code == 2
+    assert "--step-timeout 0: seconds, more than 0" in capsys.readouterr().err
+
+
 def test_inputs_keep_the_model_for_the_next_run_of_its_shape_and_seed(bench, tmp_path):
     """`--inputs DIR`: the model built once is reused by a later run of the same shape and seed
     (its files untouched), rebuilt for another seed; the prompts are written for each run."""
