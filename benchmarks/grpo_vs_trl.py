@@ -69,6 +69,8 @@ systems still pending and reports them all (refused for another workload or anot
 `--inputs DIR` keeps the random model there, so later runs of the same shape and seed on the
 node reuse it instead of building it again (a minute for the Qwen3-4B shape). `--step-timeout S`
 fails a system that does not answer (start, step) within S seconds and ends its processes.
+`--report JSON` prints the report of an earlier run's `--json` on any machine (one whose own
+report a node's limit cut) and runs nothing.
 `--SYSTEM-path` puts directories first on that worker's `sys.path` and `PYTHONPATH` only: on a
 node where vLLM's and SGLang's pins conflict, each comes from its own wheelhouse target.
 Reported per system: the package versions its worker imported, step time median / min / max,
@@ -103,16 +105,14 @@ import math
 import multiprocessing
 import os
 import random
-import re
 import shlex
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib.machinery import PathFinder
 from importlib.util import find_spec
@@ -121,11 +121,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.comparison_report import ratios, report, summary
 from trainer.config import TrainConfig
 from trainer.job.memory_estimate import DeviceMemory
 from trainer.tiny import SHAPES, parity
 
-GIB = 2**30
 SYSTEMS = ("ours", "trl", "trl-vllm", "unsloth", "verl")
 VLLM_SYSTEMS = ("trl-vllm", "unsloth", "verl")
 # what each system's vLLM engine takes of the GPU where `--vllm-memory` is not given
@@ -1039,73 +1039,7 @@ def end(processes: list[Any]) -> None:
     psutil.wait_procs(processes, timeout=30)
 
 
-# ---------------------------------------------------------------------------- report
-
-
-# HBM bandwidth (TB/s, the data sheets') of the accelerators the decode bound knows, by a pattern
-# of the name torch reports ("NVIDIA H100 80GB HBM3", "AMD Instinct MI300X"); first match wins:
-# the PCIe and NVL H100s differ from the SXM one.
-HBM_TBPS = (
-    ("H100 PCIe", 2.0),
-    ("H100 NVL", 3.9),
-    ("H100", 3.35),
-    ("H200", 4.8),
-    ("B200", 8.0),
-    ("MI300X", 5.3),
-    ("MI325X", 6.0),
-    ("MI35[05]X", 8.0),
-)
-
-
-def device_hbm_tbps(device_name: str) -> float | None:
-    """The HBM bandwidth of the accelerator torch names `device_name`, None if unknown."""
-    return next((tbps for pattern, tbps in HBM_TBPS if re.search(pattern, device_name)), None)
-
-
-def bound_bandwidth(given: float | None, device_name: str) -> tuple[float | None, str]:
-    """The bandwidth the decode bound uses (`given`, ``--hbm-tbps``, else the device's) and
-    where it comes from, for the report."""
-    if given is not None:
-        return given, f"{given} TB/s (--hbm-tbps)"
-    found = device_hbm_tbps(device_name)
-    if found is None:
-        return None, f"unknown for {device_name}: pass --hbm-tbps"
-    return found, f"{found} TB/s ({device_name})"
-
-
-def decode_bound(spec: Spec, hbm_tbps: float, params: int, lora_params: int) -> float:
-    """Tokens/s the decode of one rollout cannot exceed at `hbm_tbps`: every decode step reads
-    all weights (bf16) and LoRA weights once, and each sequence's KV cache so far."""
-    shape = spec.model_shape
-    kv_per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"]
-    kv_per_token *= shape["head_dim"] * 2  # K and V, bf16
-    rows = spec.prompts * spec.samples
-    weights = 2 * (params + lora_params)
-    mean_context = spec.prompt_len + spec.response_len / 2
-    seconds_per_step = (weights + rows * mean_context * kv_per_token) / (hbm_tbps * 1e12)
-    return rows / seconds_per_step
-
-
-def summary(times: list[StepTime]) -> dict[str, float]:
-    steps = [t.step_s for t in times]
-    rollout = sum(t.rollout_s for t in times)
-    train = sum(t.step_s - t.rollout_s for t in times)
-    return {
-        "median": statistics.median(steps),
-        "min": min(steps),
-        "max": max(steps),
-        "rollout_tps": sum(t.response_tokens for t in times) / rollout if rollout else 0.0,
-        "train_tps": sum(t.total_tokens for t in times) / train if train else 0.0,
-    }
-
-
-def phase_medians(times: list[dict[str, Any]]) -> list[tuple[str, float]]:
-    """Median of every phase (seconds) and check metric the steps of one system recorded."""
-    names = sorted({name for t in times for name in t["phases"]})
-    return [
-        (name, statistics.median(t["phases"][name] for t in times if name in t["phases"]))
-        for name in names
-    ]
+# ---------------------------------------------------------------------------- machine
 
 
 def device_name(spec: Spec) -> str:
@@ -1116,138 +1050,6 @@ def device_name(spec: Spec) -> str:
 
 def machine(spec: Spec) -> str:
     return f"{device_name(spec)}, {os.cpu_count()} cores"
-
-
-def completed(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The systems that took their steps (with `--one-at-a-time`, one may have failed)."""
-    return {kind: r for kind, r in results.items() if "failed" not in r}
-
-
-def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Every other system's median step time over ours' (how many times faster ours is)."""
-    done = completed(results)
-    if "ours" not in done:
-        return {}
-    ours = done["ours"]["summary"]["median"]
-    return {kind: r["summary"]["median"] / ours for kind, r in done.items() if kind != "ours"}
-
-
-def projection_shapes(spec: Spec) -> dict[str, tuple[int, int]]:
-    """(in features, out features) of the seven projections of each of the model's layers."""
-    s = spec.model_shape
-    hidden, inter = s["hidden_size"], s["intermediate_size"]
-    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
-    return {
-        "self_attn.q_proj": (hidden, q), "self_attn.k_proj": (hidden, kv),
-        "self_attn.v_proj": (hidden, kv), "self_attn.o_proj": (q, hidden),
-        "mlp.gate_proj": (hidden, inter), "mlp.up_proj": (hidden, inter),
-        "mlp.down_proj": (inter, hidden),
-    }  # fmt: skip
-
-
-def count_params(spec: Spec) -> tuple[int, int]:
-    """(base parameters, LoRA r=64 parameters on the seven projections of every layer)."""
-    s = spec.model_shape
-    hidden, layers = s["hidden_size"], s["num_hidden_layers"]
-    shapes = projection_shapes(spec).values()
-    lora = layers * sum(64 * (fan_in + fan_out) for fan_in, fan_out in shapes)
-    norms = 2 * s["head_dim"] + 2 * hidden  # q and k norms, the two layer norms
-    per_layer = sum(fan_in * fan_out for fan_in, fan_out in shapes) + norms
-    return layers * per_layer + s["vocab_size"] * hidden + hidden, lora
-
-
-def report(
-    spec: Spec,
-    results: dict[str, dict[str, Any]],
-    hbm_tbps: float | None,
-    *,
-    alone: bool = False,
-    earlier: Sequence[str] = (),
-) -> None:
-    """Print the run's table; `alone`: each system ran by itself (`--one-at-a-time`);
-    `hbm_tbps`: ``--hbm-tbps``, else the device's own (`device_hbm_tbps`); `earlier`: the
-    systems whose results came from an earlier command (`--resume`)."""
-    cuda = spec.device.startswith("cuda")
-    done = completed(results)
-    per_process = all(r["per_process"] for r in done.values())
-    unit = "GiB (RSS)" if not cuda else "GiB (NVML)"
-    others = "" if alone else ", other idle included"
-    where = "each system's process tree" if per_process else f"device above idle{others}"
-    print(f"\n{machine(spec)}")
-    for name, r in done.items():
-        print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()))
-    if "trl-vllm" in results:
-        print(f"trl-vllm: vLLM's sleep mode {'on' if spec.vllm_sleep else 'off'}")
-    if "verl" in results:
-        print(
-            "verl: its own loop, unpaced: a step is the wall time between two of its logged "
-            "steps (start-up in its first warm-up step); torch alloc: its FSDP actor's peak"
-        )
-    print(
-        "systems: one at a time, each alone on the device"
-        if alone
-        else "systems: side by side, timed steps in turn"
-    )
-    if earlier:
-        print(f"from an earlier command on this kind of device (--resume): {', '.join(earlier)}")
-    print(
-        f"{spec.prompts} prompts x {spec.samples} samples, {spec.prompt_len} prompt + "
-        f"{spec.response_len} response tokens, LoRA r=64 all-linear, "
-        f"{'tiny model' if spec.tiny else spec.shape + ' shape'}, {spec.device}, gradient "
-        f"checkpointing {'on' if spec.gradient_checkpointing else 'off'}"
-    )
-    header = (
-        f"{'system':<8} {'steps':>5} {'median s':>9} {'min s':>8} {'max s':>8} "
-        f"{'rollout tok/s':>14} {'train tok/s':>12} {'peak ' + unit:>28} {'torch alloc GiB':>16} "
-        f"{'torch reserved GiB':>19}"
-    )
-    print(header)
-    for name, r in results.items():
-        if "failed" in r:
-            verdict = "does not fit (out of memory)" if r["out_of_memory"] else "failed"
-            print(f"{name:<8} {verdict} at {r['stage']}: {r['failed']}")
-            continue
-        s = r["summary"]
-        peak = f"{r['peak'] / GIB:.2f}"
-        allocated = f"{r['allocated'] / GIB:.2f}" if cuda else "n/a"
-        reserved = "n/a" if r["reserved"] is None else f"{r['reserved'] / GIB:.2f}"
-        print(
-            f"{name:<8} {len(r['times']):>5} {s['median']:>9.3f} {s['min']:>8.3f} "
-            f"{s['max']:>8.3f} {s['rollout_tps']:>14.0f} {s['train_tps']:>12.0f} "
-            f"{peak:>28} {allocated:>16} {reserved:>19}"
-        )
-    print(
-        f"peak memory: {where}; torch alloc / reserved: the worker process's own tensors / "
-        "its caching allocator's segments"
-    )
-    if per_process:
-        print(
-            "at its peak, the worker process itself / its child processes (GiB): "
-            + ", ".join(
-                f"{name} {r['peak_own'] / GIB:.2f} / {(r['peak'] - r['peak_own']) / GIB:.2f}"
-                for name, r in done.items()
-            )
-        )
-    for name, r in done.items():
-        phases = phase_medians(r["times"])
-        if phases:
-            print(f"{name} per step (median): " + ", ".join(f"{k} {v:.3f}" for k, v in phases))
-    for name, ratio in ratios(results).items():
-        print(f"ratio ({name} median / ours median): {ratio:.2f}x")
-    if not spec.tiny:
-        bandwidth, source = bound_bandwidth(hbm_tbps, device_name(spec))
-        if bandwidth is None:
-            print(f"roofline: no decode bound, the HBM bandwidth is {source}")
-            return
-        base, lora = count_params(spec)
-        bound = decode_bound(spec, bandwidth, base, lora)
-        for name, r in done.items():
-            measured = r["summary"]["rollout_tps"]
-            print(
-                f"roofline {name}: rollout {measured:.0f} tok/s vs HBM bound {bound:.0f} tok/s "
-                f"at {source} (weights {2 * (base + lora) / GIB:.2f} GiB + KV per decode "
-                f"step) = {measured / bound:.1%}"
-            )
 
 
 # ---------------------------------------------------------------------------- main
@@ -1371,9 +1173,15 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         "--hbm-tbps",
         type=float,
         help="HBM bandwidth in TB/s for the decode bound (default: the device's, by its name: "
-        "H100 3.35, H200 4.8, ...; HBM_TBPS)",
+        "H100 3.35, H200 4.8, ...; decode_bound.HBM_TBPS)",
     )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="JSON",
+        help="print the report of an earlier run's --json (its device and workload) and exit",
+    )
     parser.add_argument(
         "--inputs",
         type=Path,
@@ -1395,6 +1203,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         "(stopped by a node's time limit, say; same workload, same device) and report them all",
     )
     options = parser.parse_args(argv)
+    if options.report is not None:  # prints, runs nothing, as --help does
+        try:
+            saved_report(options.report, options.hbm_tbps)
+        except ValueError as err:
+            parser.exit(2, f"{parser.prog}: error: --report: {err}\n")
+        parser.exit(0)
     systems = [s.strip() for s in options.systems.split(",") if s.strip()]
     if not systems or any(s not in SYSTEMS for s in systems):
         parser.error(f"--systems {options.systems!r}: a comma list of {', '.join(SYSTEMS)}")
@@ -1533,8 +1347,36 @@ def main(argv: list[str] | None = None) -> None:
             for w in workers.values():  # after a failure, the others wait for commands
                 w.stop()
     report(
-        spec, results, options.hbm_tbps, alone=options.one_at_a_time, earlier=list(options.earlier)
+        spec,
+        results,
+        options.hbm_tbps,
+        machine=machine(spec),
+        alone=options.one_at_a_time,
+        earlier=list(options.earlier),
     )
+
+
+def saved_report(path: Path, hbm_tbps: float | None) -> None:
+    """Print the report of a run's `--json` document (one whose own report a node's time limit
+    cut, say), on any machine: the device and the workload are the document's."""
+    try:
+        document = json.loads(path.read_text())
+        spec = Spec(**document["spec"])
+        results = document["results"]
+        report(
+            spec,
+            results,
+            hbm_tbps,
+            machine=document["machine"],
+            alone=document["one_at_a_time"],
+        )
+    except KeyError as err:
+        raise ValueError(f"{path} has no {err.args[0]!r}: not a --json of this version") from None
+    except (OSError, ValueError, TypeError) as err:
+        raise ValueError(f"cannot read {path} as a --json of this version: {err}") from None
+    pending = document.get("pending") or []
+    if pending:
+        print(f"not run: {', '.join(pending)} (the same command with --resume runs them)")
 
 
 def write_json(options: argparse.Namespace, spec: Spec, results: dict[str, dict[str, Any]]) -> None:

@@ -51,17 +51,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.decode_bound import bound_bandwidth, count_params, decode_bound, projection_shapes
 from benchmarks.grpo_vs_trl import (
     MODEL_SHAPES,
     TARGETS,
     Spec,
-    bound_bandwidth,
-    count_params,
-    decode_bound,
     device_memory,
     ours_config,
     prepare_inputs,
-    projection_shapes,
     prompts_of,
     sglang_flags,
 )

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from benchmarks import comparison_report, decode_bound
 from trainer.job.memory_estimate import DeviceMemory
 from trainer.tiny import vocabulary
 
@@ -55,16 +56,16 @@ def test_parameter_counts_match_the_model_and_adapter(bench, shape, expected):
         base = sum(p.numel() for p in model.parameters())
         lora = get_peft_model(model, LoraConfig(r=64, target_modules=bench.TARGETS))
         adapter = sum(p.numel() for p in lora.parameters() if p.requires_grad)
-    assert bench.count_params(spec) == (base, adapter) == expected
+    assert decode_bound.count_params(spec) == (base, adapter) == expected
 
 
 def test_decode_bound(bench):
     spec = full_spec(bench)
-    base, lora = bench.count_params(spec)
+    base, lora = decode_bound.count_params(spec)
     # 1.27 GB of weights + 64 x 512 tokens x 114,688 KV bytes per decode step at 4.8 TB/s
     per_step = (2 * (base + lora) + 64 * 512 * 114_688) / 4.8e12
-    assert bench.decode_bound(spec, 4.8, base, lora) == pytest.approx(64 / per_step)
-    assert bench.decode_bound(spec, 9.6, base, lora) == pytest.approx(2 * 64 / per_step)
+    assert decode_bound.decode_bound(spec, 4.8, base, lora) == pytest.approx(64 / per_step)
+    assert decode_bound.decode_bound(spec, 9.6, base, lora) == pytest.approx(2 * 64 / per_step)
 
 
 def test_summary(bench):
@@ -131,7 +132,7 @@ def test_phase_medians(bench):
         {"phases": {"rollout": 4.0, "train": 3.0}},
         {"phases": {"rollout": 3.0}},
     ]
-    assert bench.phase_medians(times) == [("rollout", 3.0), ("train", 2.0)]
+    assert comparison_report.phase_medians(times) == [("rollout", 3.0), ("train", 2.0)]
 
 
 def vllm_settings(config) -> tuple[bool, str, bool]:
@@ -561,7 +562,7 @@ def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsy
         "trl-vllm": result(3.0, {"trl": "1.16.0", "vllm": "0.26.0"}),
     }
     assert bench.ratios(results) == {"trl": 4.0, "trl-vllm": 1.5}
-    bench.report(tiny_spec(bench, tmp_path), results, 4.8)
+    bench.report(tiny_spec(bench, tmp_path), results, 4.8, machine="CPU, 2 cores")
     out = capsys.readouterr().out
     assert "ratio (trl median / ours median): 4.00x" in out
     assert "ratio (trl-vllm median / ours median): 1.50x" in out
@@ -719,9 +720,9 @@ def test_the_long_response_bound_and_an_out_of_memory_system_are_reported(bench,
     36 layers x 8 KV heads x 128 x K and V x 2 bytes per token, a mean context of 256 + 4,096
     tokens; a system that ran out of memory reads as not fitting, the others as measured."""
     spec = full_spec(bench, work=str(tmp_path), device="cpu", shape="qwen3-4b", response_len=8192)
-    base, lora = bench.count_params(spec)
+    base, lora = decode_bound.count_params(spec)
     per_step = (2 * (base + lora) + 64 * (256 + 4096) * 147_456) / 4.8e12
-    assert bench.decode_bound(spec, 4.8, base, lora) == pytest.approx(64 / per_step)
+    assert decode_bound.decode_bound(spec, 4.8, base, lora) == pytest.approx(64 / per_step)
     step = bench.StepTime(step_s=90.0, rollout_s=60.0, response_tokens=64 * 8192, total_tokens=0)
     measured = {
         "times": [bench.asdict(step)], "summary": bench.summary([step]), "peak": 2**30,
@@ -729,11 +730,53 @@ def test_the_long_response_bound_and_an_out_of_memory_system_are_reported(bench,
     }  # fmt: skip
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.27 GiB"
     failed = {"failed": oom, "stage": "warm-up", "out_of_memory": bench.out_of_memory(oom)}
-    bench.report(spec, {"ours": measured, "unsloth": failed}, 4.8, alone=True)
+    bench.report(
+        spec, {"ours": measured, "unsloth": failed}, 4.8, machine="CPU, 2 cores", alone=True
+    )
     out = capsys.readouterr().out
     assert f"unsloth  does not fit (out of memory) at warm-up: {oom}" in out
     assert f"roofline ours: rollout 8738 tok/s vs HBM bound {64 / per_step:.0f} tok/s" in out
     assert "8192 response tokens" in out and "gradient checkpointing off" in out
+
+
+def test_a_saved_run_is_reported_on_any_machine(bench, tmp_path, capsys):
+    """``--report JSON``: the report of a run whose own was cut (verl's hang held J's command
+    past the node's limit), with the document's device and workload: the decode bound at its
+    device's bandwidth, the systems it left pending named; runs nothing."""
+    spec = full_spec(bench, work=str(tmp_path), device="cuda")
+
+    def measured(seconds):
+        step = bench.StepTime(seconds, seconds / 2, response_tokens=64 * 512, total_tokens=0)
+        return {
+            "times": [bench.asdict(step)], "summary": bench.summary([step]), "peak": 2**30,
+            "peak_own": 2**29, "allocated": 0, "reserved": None, "per_process": True,
+            "versions": {},
+        }  # fmt: skip
+
+    document = {
+        "spec": bench.asdict(spec), "machine": "NVIDIA H100 80GB HBM3, 16 cores",
+        "one_at_a_time": True, "results": {"ours": measured(2.0), "unsloth": measured(3.0)},
+        "ratios": {"unsloth": 1.5}, "pending": ["verl"],
+    }  # fmt: skip
+    saved = tmp_path / "e.json"
+    saved.write_text(json.dumps(document))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse(["--report", str(saved)])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1] == "NVIDIA H100 80GB HBM3, 16 cores"
+    assert "systems: one at a time, each alone on the device" in out
+    assert "ratio (unsloth median / ours median): 1.50x" in out
+    assert "at 3.35 TB/s (NVIDIA H100 80GB HBM3)" in out
+    assert out.splitlines()[-1] == "not run: verl (the same command with --resume runs them)"
+
+    del document["machine"]
+    saved.write_text(json.dumps(document))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse(["--report", str(saved)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error[-1].endswith(f"--report: {saved} has no 'machine': not a --json of this version")
 
 
 @pytest.mark.parametrize(
@@ -1071,6 +1114,6 @@ def test_a_verl_run_that_ends_early_is_a_failure(bench, tmp_path, monkeypatch):
     ],
 )
 def test_the_decode_bound_takes_the_devices_own_bandwidth(bench, name, tbps):
-    assert bench.device_hbm_tbps(name) == tbps
-    assert bench.bound_bandwidth(None, name)[0] == tbps
-    assert bench.bound_bandwidth(9.6, name) == (9.6, "9.6 TB/s (--hbm-tbps)")
+    assert decode_bound.device_hbm_tbps(name) == tbps
+    assert decode_bound.bound_bandwidth(None, name)[0] == tbps
+    assert decode_bound.bound_bandwidth(9.6, name) == (9.6, "9.6 TB/s (--hbm-tbps)")
