@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from benchmarks.decode_bound import bound_bandwidth, count_params, decode_bound
 
 if TYPE_CHECKING:
-    from benchmarks.grpo_vs_trl import Spec, StepTime
+    from benchmarks.workload import Spec, StepTime
 
 GIB = 2**30
 

@@ -8,7 +8,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from benchmarks.grpo_vs_trl import Spec
+    from benchmarks.workload import Spec
 
 # HBM bandwidth (TB/s, the data sheets') of the accelerators the decode bound knows, by a pattern
 # of the name torch reports ("NVIDIA H100 80GB HBM3", "AMD Instinct MI300X"); first match wins:

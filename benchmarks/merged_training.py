@@ -33,8 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.grpo_vs_trl import MODEL_SHAPES, Spec, prepare_inputs
 from benchmarks.step_profile import profile_call
+from benchmarks.workload import MODEL_SHAPES, Spec, prepare_inputs
 
 # the trainers compared, by name, with their PeftPolicyTrainer options
 TRAINERS = {

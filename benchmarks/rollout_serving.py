@@ -52,17 +52,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.decode_bound import bound_bandwidth, count_params, decode_bound, projection_shapes
-from benchmarks.grpo_vs_trl import (
-    MODEL_SHAPES,
-    TARGETS,
-    Spec,
-    device_memory,
-    ours_config,
-    prepare_inputs,
-    prompts_of,
-    sglang_flags,
-)
+from benchmarks.ours_system import device_memory, ours_config, sglang_flags
 from benchmarks.step_profile import StepProfile, profile_traces
+from benchmarks.workload import MODEL_SHAPES, TARGETS, Spec, prepare_inputs, prompts_of
 
 SERVINGS = ("adapter", "merged")
 RANK, ALPHA = 64, 32

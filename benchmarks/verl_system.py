@@ -25,11 +25,15 @@ import threading
 import time
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.tiny import parity
+
+if TYPE_CHECKING:
+    from benchmarks.peak_memory import PeakMemory
+    from benchmarks.workload import Spec
 
 # The prompt's text, nothing around it: the same tokens as the other systems' plain prompts.
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -78,9 +82,9 @@ def paths(work: str) -> dict[str, Path]:
     }
 
 
-def config_changes(spec: Any, steps: int) -> dict[str, Any]:
+def config_changes(spec: Spec, steps: int) -> dict[str, Any]:
     """Dotted keys of verl's `ppo_trainer` config and their values for the benchmark's workload
-    (`spec`: grpo_vs_trl's Spec) over `steps` steps, warm-up included."""
+    (`spec`) over `steps` steps, warm-up included."""
     where = paths(spec.work)
     vllm_memory = VERL_VLLM_MEMORY if spec.vllm_memory is None else spec.vllm_memory
     actor = "actor_rollout_ref.actor"
@@ -148,7 +152,7 @@ def config_dir() -> Path:
     return Path(found.submodule_search_locations[0]) / "trainer" / "config"
 
 
-def compose(spec: Any, steps: int) -> Any:
+def compose(spec: Spec, steps: int) -> Any:
     """verl's default `ppo_trainer` config (Hydra, from the installed verl) with
     `config_changes` applied (a key verl does not have raises: the config is a struct), and
     the file logger's path in the environment of Ray's processes (where verl logs)."""
@@ -245,7 +249,12 @@ class StepLog:
 
 
 def run(
-    spec: Any, steps: int, conn: Any, memory: Any, versions: dict[str, str], prompts: list[str]
+    spec: Spec,
+    steps: int,
+    conn: Any,
+    memory: PeakMemory,
+    versions: dict[str, str],
+    prompts: list[str],
 ) -> int:
     """The verl worker: verl trains `steps` steps on its own, in this process's main thread (Ray
     sets its signal handlers there); a thread answers every "step" command from the parent with

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benchmarks import comparison_report, decode_bound
+from benchmarks import comparison_report, decode_bound, ours_system, trl_system, workload
 from trainer.job.memory_estimate import DeviceMemory
-from trainer.tiny import vocabulary
+from trainer.tiny import parity, vocabulary
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ def test_parameter_counts_match_the_model_and_adapter(bench, shape, expected):
     with torch.device("meta"):
         model = Qwen3ForCausalLM(Qwen3Config(**spec.model_shape, tie_word_embeddings=True))
         base = sum(p.numel() for p in model.parameters())
-        lora = get_peft_model(model, LoraConfig(r=64, target_modules=bench.TARGETS))
+        lora = get_peft_model(model, LoraConfig(r=64, target_modules=workload.TARGETS))
         adapter = sum(p.numel() for p in lora.parameters() if p.requires_grad)
     assert decode_bound.count_params(spec) == (base, adapter) == expected
 
@@ -111,18 +111,18 @@ def test_both_systems_get_the_same_varying_reward(bench):
     from trainer.grpo.rewards import RewardSample
     from trainer.loop import _user_function
 
-    args = parse_args(bench.ours_argv(full_spec(bench, work="/w"), steps=1))
+    args = parse_args(ours_system.ours_argv(full_spec(bench, work="/w"), steps=1))
     ours = _user_function(args.reward.custom_rm_path)
     texts = ["t7 t81", "t7 t812", "t70 t812"]
     rewards = [ours(args.miles_args(), RewardSample("p", text, "label")) for text in texts]
-    assert rewards == [bench.parity(text) for text in texts] == [0.0, 1.0, 0.0]
+    assert rewards == [parity(text) for text in texts] == [0.0, 1.0, 0.0]
 
 
 def test_the_4b_shape_builds_its_whole_vocabulary(bench):
     spec = full_spec(bench, shape="qwen3-4b")
-    tokenizer = bench.build_tokenizer(spec, eos=False)
+    tokenizer = workload.build_tokenizer(spec, eos=False)
     assert len(tokenizer) == 151936 and tokenizer.eos_token is None
-    words = bench.prompt_words(spec)
+    words = workload.prompt_words(spec)
     assert len(words) == 151936 - len(vocabulary()) and words[0].startswith("t")
 
 
@@ -152,12 +152,12 @@ def tiny_spec(bench, work, **changes):
 def test_trl_vllm_config_generates_with_colocated_vllm_and_ignores_eos(bench, tmp_path):
     pytest.importorskip("trl")
     spec = tiny_spec(bench, tmp_path)
-    config = bench.trl_config(spec, steps=3, kind="trl-vllm")
-    eos = bench.build_tokenizer(spec, eos=True).eos_token_id
+    config = trl_system.trl_config(spec, steps=3, kind="trl-vllm")
+    eos = workload.build_tokenizer(spec, eos=True).eos_token_id
     assert vllm_settings(config) == (True, "colocate", True)
     assert config.vllm_gpu_memory_utilization == 0.3  # TRL's default
     assert config.generation_kwargs == {"min_tokens": 32, "stop_token_ids": [eos]}
-    baseline = bench.trl_config(spec, steps=3, kind="trl")
+    baseline = trl_system.trl_config(spec, steps=3, kind="trl")
     assert not baseline.use_vllm and baseline.generation_kwargs == {"min_new_tokens": 32}
     same = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps")
     same += ("steps_per_generation", "num_generations", "max_completion_length", "beta")
@@ -235,7 +235,7 @@ def test_the_trl_vllm_worker_syncs_once_per_step_through_trls_own_vllm_glue(
     bench.prepare_inputs(spec, rows=spec.prompts * 4)
     commands = Commands(["reset", "step", "step"])
     memory = bench.PeakMemory("cpu", 0)
-    bench.run_trl(spec, "trl-vllm", 2, commands, memory)
+    trl_system.run_trl(spec, "trl-vllm", 2, commands, memory)
     memory.stop()
 
     engine = StandInLLM.made
@@ -243,7 +243,7 @@ def test_the_trl_vllm_worker_syncs_once_per_step_through_trls_own_vllm_glue(
     assert engine.kwargs["enable_sleep_mode"] and engine.kwargs["gpu_memory_utilization"] == 0.3
     assert engine.kwargs["max_num_seqs"] == spec.prompts * spec.samples
     assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "1"
-    eos = bench.build_tokenizer(spec, eos=True).eos_token_id
+    eos = workload.build_tokenizer(spec, eos=True).eos_token_id
     assert len(engine.sampling) == 2
     for params in engine.sampling:
         assert params.max_tokens == params.min_tokens == spec.response_len
@@ -505,7 +505,7 @@ def test_vllm_sleeps_where_the_systems_share_the_device(bench, argv, sleep):
     pytest.importorskip("trl")
     _, spec = bench.parse(["--device", "cpu", "--tiny", *argv])
     assert spec.vllm_sleep is sleep
-    assert bench.trl_config(spec, steps=1, kind="trl-vllm").vllm_enable_sleep_mode is sleep
+    assert trl_system.trl_config(spec, steps=1, kind="trl-vllm").vllm_enable_sleep_mode is sleep
 
 
 def test_peak_memory_splits_the_process_tree_at_its_peak(bench):
@@ -581,7 +581,8 @@ def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsy
 def test_ours_memory_sets_a_consistent_colocation(bench, memory, swaps, backup):
     from trainer.arguments import parse_args
 
-    args = parse_args(bench.ours_argv(full_spec(bench, work="/w", ours_memory=memory), steps=1))
+    spec = full_spec(bench, work="/w", ours_memory=memory)
+    args = parse_args(ours_system.ours_argv(spec, steps=1))
     assert args.placement.colocate
     assert args.placement.swaps_memory is swaps
     assert args.lora.lora_base_cpu_backup is backup
@@ -592,11 +593,12 @@ def test_ours_sglang_keeps_a_kv_cache_for_one_step_not_its_static_share(bench):
     at the 0.6B shape, where 15% of an H200 is 21 GiB); `--ours-flags` may set another."""
     from trainer.arguments import parse_args
 
-    args = parse_args(bench.ours_argv(full_spec(bench, work="/w", ours_memory="keep"), steps=1))
+    spec = full_spec(bench, work="/w", ours_memory="keep")
+    args = parse_args(ours_system.ours_argv(spec, steps=1))
     assert args.sglang.sglang_extra["max-total-tokens"] == "61440"
     assert args.sglang.sglang_mem_fraction_static == 0.15
     other = full_spec(bench, work="/w", ours_flags=["--sglang-max-total-tokens=1000"])
-    assert parse_args(bench.ours_argv(other, steps=1)).sglang.sglang_extra == {
+    assert parse_args(ours_system.ours_argv(other, steps=1)).sglang.sglang_extra == {
         **args.sglang.sglang_extra,
         "max-total-tokens": "1000",
     }
@@ -611,15 +613,15 @@ def test_ours_sglang_fraction_holds_a_step_s_kv_cache_on_the_device_at_hand(benc
 
     spec = tiny_spec(bench, tmp_path, device="cuda", rollout_backend="sglang")
     bench.prepare_inputs(spec, rows=8)
-    config = parse_args(bench.ours_argv(spec, steps=1))
+    config = parse_args(ours_system.ours_argv(spec, steps=1))
     targets = registry.adapter_targets(config).hf
     shape = model_shape.read(Path(spec.model_dir), lora_rank=64, lora_targets=targets)
     needed = memory_estimate.engine_memory(
-        shape, dtype_bytes=2, kv_tokens=bench.kv_cache_tokens(spec), adapter_slots=2
+        shape, dtype_bytes=2, kv_tokens=ours_system.kv_cache_tokens(spec), adapter_slots=2
     )
-    assert bench.engine_fraction(spec, config, free=100 * needed) == 0.15
-    assert bench.engine_fraction(spec, config, free=4 * needed) == 0.25
-    assert bench.engine_fraction(spec, config, free=needed) == 0.85
+    assert ours_system.engine_fraction(spec, config, free=100 * needed) == 0.15
+    assert ours_system.engine_fraction(spec, config, free=4 * needed) == 0.25
+    assert ours_system.engine_fraction(spec, config, free=needed) == 0.85
 
 
 def test_ours_config_takes_the_sized_fraction_unless_the_ours_flags_set_one(bench, tmp_path):
@@ -629,12 +631,12 @@ def test_ours_config_takes_the_sized_fraction_unless_the_ours_flags_set_one(benc
     def full() -> DeviceMemory:  # one byte free: the most the fraction takes
         return DeviceMemory(free=1, total=1)
 
-    assert bench.ours_config(spec, 1, full).sglang.sglang_mem_fraction_static == 0.85
+    assert ours_system.ours_config(spec, 1, full).sglang.sglang_mem_fraction_static == 0.85
     for flags in (["--sglang-mem-fraction-static=0.3"], ["--sglang-mem-fraction-static", "0.3"]):
         chosen = tiny_spec(
             bench, tmp_path, device="cuda", rollout_backend="sglang", ours_flags=flags
         )
-        assert bench.ours_config(chosen, 1, full).sglang.sglang_mem_fraction_static == 0.3
+        assert ours_system.ours_config(chosen, 1, full).sglang.sglang_mem_fraction_static == 0.3
 
 
 def test_ours_merged_with_memory_kept_is_a_config_whose_trainer_lends_its_base(bench, tmp_path):
@@ -648,7 +650,7 @@ def test_ours_merged_with_memory_kept_is_a_config_whose_trainer_lends_its_base(b
             bench, tmp_path, device="cuda", rollout_backend="sglang", ours_memory=memory,
             ours_flags=["--lora-serving", "merged"],
         )  # fmt: skip
-        return shared_base.lends_base(parse_args(bench.ours_argv(spec, steps=1)), "cuda:0")
+        return shared_base.lends_base(parse_args(ours_system.ours_argv(spec, steps=1)), "cuda:0")
 
     assert lends("keep")
     assert not lends("release")
@@ -657,7 +659,8 @@ def test_ours_merged_with_memory_kept_is_a_config_whose_trainer_lends_its_base(b
 def test_ours_memory_auto_leaves_the_choice_to_train_py(bench):
     from trainer.arguments import parse_args
 
-    args = parse_args(bench.ours_argv(full_spec(bench, work="/w", ours_memory="auto"), steps=1))
+    spec = full_spec(bench, work="/w", ours_memory="auto")
+    args = parse_args(ours_system.ours_argv(spec, steps=1))
     assert args.placement.colocate and args.placement.colocate_memory == "auto"
     assert args.lora.lora_base_cpu_backup  # for when it releases
 
@@ -696,19 +699,19 @@ def test_the_seeds_long_responses_reach_every_system(bench, response_len):
     _, spec = bench.parse([*argv, "--gradient-checkpointing", "--micro-batch", "2"])
     assert (spec.prompt_len, spec.response_len, spec.micro_batch) == (256, response_len, 2)
     spec.work, spec.device, spec.rollout_backend = "/w", "cuda", "sglang"
-    args = parse_args(bench.ours_argv(spec, steps=3))
+    args = parse_args(ours_system.ours_argv(spec, steps=3))
     assert args.rollout.rollout_max_response_len == response_len
     assert args.torch.gradient_checkpointing
     tokens = str(math.ceil(1.25 * 64 * (256 + response_len)))
     assert args.sglang.sglang_extra["max-total-tokens"] == tokens
     spec.device = "cpu"
     for kind in ("trl", "unsloth"):
-        config = bench.trl_config(spec, steps=3, kind=kind)
+        config = trl_system.trl_config(spec, steps=3, kind=kind)
         assert config.max_completion_length == response_len
         assert config.gradient_checkpointing is (kind == "trl")  # Unsloth's own instead
         assert config.per_device_train_batch_size * config.gradient_accumulation_steps == 64
-    assert bench.unsloth_lora_kwargs(spec)["use_gradient_checkpointing"] == "unsloth"
-    assert bench.unsloth_model_kwargs(spec)["max_seq_length"] == 256 + response_len
+    assert trl_system.unsloth_lora_kwargs(spec)["use_gradient_checkpointing"] == "unsloth"
+    assert trl_system.unsloth_model_kwargs(spec)["max_seq_length"] == 256 + response_len
     changes = verl_system().config_changes(spec, steps=3)
     assert changes["data.max_response_length"] == response_len
     assert changes["actor_rollout_ref.model.enable_gradient_checkpointing"]
@@ -797,19 +800,20 @@ def test_out_of_memory_is_told_from_other_failures(bench, details, expected):
 
 def test_unsloth_loads_the_workload_unquantized_with_vllm_in_process(bench, tmp_path):
     spec = tiny_spec(bench, tmp_path)
-    model = bench.unsloth_model_kwargs(spec)
+    model = trl_system.unsloth_model_kwargs(spec)
     assert model["model_name"] == spec.model_dir and model["dtype"] == torch.bfloat16
     assert model["fast_inference"] and not model["load_in_4bit"]
     assert model["max_lora_rank"] == 64 and model["gpu_memory_utilization"] == 0.5
     assert (
-        bench.unsloth_model_kwargs(tiny_spec(bench, tmp_path, vllm_memory=0.7))[
+        trl_system.unsloth_model_kwargs(tiny_spec(bench, tmp_path, vllm_memory=0.7))[
             "gpu_memory_utilization"
         ]
         == 0.7
     )
-    lora = bench.unsloth_lora_kwargs(spec)
+    lora = trl_system.unsloth_lora_kwargs(spec)
     assert (lora["r"], lora["lora_alpha"], lora["lora_dropout"]) == (64, 32, 0.0)
-    assert lora["target_modules"] == bench.TARGETS and lora["use_gradient_checkpointing"] is False
+    assert lora["target_modules"] == workload.TARGETS
+    assert lora["use_gradient_checkpointing"] is False
 
 
 def test_unsloth_generates_with_its_own_vllm_and_trls_workload(bench, tmp_path):
@@ -817,15 +821,16 @@ def test_unsloth_generates_with_its_own_vllm_and_trls_workload(bench, tmp_path):
     TRL's sleep mode even side by side (Unsloth's engine shares the training weights)."""
     pytest.importorskip("trl")
     spec = tiny_spec(bench, tmp_path)
-    config = bench.trl_config(spec, steps=3, kind="unsloth")
-    eos = bench.build_tokenizer(spec, eos=True).eos_token_id
+    config = trl_system.trl_config(spec, steps=3, kind="unsloth")
+    eos = workload.build_tokenizer(spec, eos=True).eos_token_id
     assert vllm_settings(config) == (True, "colocate", False)
     assert config.generation_kwargs == {"min_tokens": 32, "stop_token_ids": [eos]}
-    baseline = bench.trl_config(spec, steps=3, kind="trl")
+    baseline = trl_system.trl_config(spec, steps=3, kind="trl")
     same = ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps")
     same += ("steps_per_generation", "num_generations", "max_completion_length", "beta")
     assert {k: getattr(config, k) for k in same} == {k: getattr(baseline, k) for k in same}
-    vllm = bench.trl_config(tiny_spec(bench, tmp_path, vllm_memory=0.6), steps=3, kind="trl-vllm")
+    with_share = tiny_spec(bench, tmp_path, vllm_memory=0.6)
+    vllm = trl_system.trl_config(with_share, steps=3, kind="trl-vllm")
     assert vllm.vllm_gpu_memory_utilization == 0.6
 
 
@@ -920,7 +925,7 @@ def test_verl_runs_the_workload_as_grpo_with_lora_on_one_gpu(bench, tmp_path):
     name = changes[f"{reward}.name"]
     texts = ["t7 t81", "t7 t812"]
     assert [getattr(module, name)("grpo_vs_trl", t, "", extra_info={}) for t in texts] == [
-        bench.parity(t) for t in texts
+        parity(t) for t in texts
     ]
 
 
@@ -938,7 +943,7 @@ def test_verl_reads_the_prompts_as_the_others_tokenize_them(bench, tmp_path):
     ]
     assert list(rows["data_source"]) == ["grpo_vs_trl"] * 2
     assert all(r["ground_truth"] == "" for r in rows["reward_model"])
-    tokenizer = bench.build_tokenizer(spec, eos=False)
+    tokenizer = workload.build_tokenizer(spec, eos=False)
     tokenizer.chat_template = verl_system().CHAT_TEMPLATE
     messages = [{"role": "user", "content": "red blue"}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)

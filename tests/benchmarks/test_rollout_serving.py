@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.grpo_vs_trl import Spec
 from benchmarks.rollout_serving import profiled_generate, random_adapter
+from benchmarks.workload import Spec
 from trainer.backends.base import SamplingParams
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.lora_merge import lora_layers, lora_scaling
