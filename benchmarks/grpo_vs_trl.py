@@ -98,16 +98,13 @@ Unsloth and verl (docs/offline-nodes.md: their wheelhouses).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
-import multiprocessing
 import os
 import shlex
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict
 from importlib.machinery import PathFinder
@@ -118,205 +115,20 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.comparison_report import ratios, report, summary
-from benchmarks.ours_system import OURS_MEMORY, Ours
-from benchmarks.peak_memory import PeakMemory, device_used
-from benchmarks.trl_system import UNSLOTH_VLLM_MEMORY, run_trl
+from benchmarks.ours_system import OURS_MEMORY
+from benchmarks.peak_memory import device_used
+from benchmarks.system_worker import Worker, WorkerFailed, out_of_memory
+from benchmarks.trl_system import UNSLOTH_VLLM_MEMORY
 from benchmarks.workload import (
     MODEL_SHAPES,
     RUN_LOCAL,
     Spec,
     StepTime,
-    package_versions,
     prepare_inputs,
-    prompts_of,
 )
 
 SYSTEMS = ("ours", "trl", "trl-vllm", "unsloth", "verl")
 VLLM_SYSTEMS = ("trl-vllm", "unsloth", "verl")
-
-
-# ---------------------------------------------------------------------------- workers
-
-
-def use_path(path: list[str]) -> None:
-    """Put `path` first on this process's `sys.path` and, for the processes it starts (SGLang's
-    scheduler), on `PYTHONPATH`."""
-    if path:
-        sys.path[:0] = path
-        rest = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(path + ([rest] if rest else []))
-
-
-def worker(kind: str, spec: Spec, steps: int, baseline: int, path: list[str], conn: Any) -> None:
-    use_path(path)  # before the systems' packages: this module's top imports none of them
-    from trainer.arguments import UsageError
-
-    try:
-        import torch
-
-        memory = PeakMemory(spec.device, baseline)
-        allocated = None
-        if kind in ("trl", "trl-vllm", "unsloth"):
-            run_trl(spec, kind, steps, conn, memory)
-        elif kind == "verl":
-            from benchmarks import verl_system
-
-            versions = package_versions()
-            allocated = verl_system.run(spec, steps, conn, memory, versions, prompts_of(spec))
-        else:
-            system = Ours(spec, steps)
-            try:
-                conn.send(("ready", package_versions()))
-                for _ in range(steps):
-                    command = conn.recv()
-                    if command == "reset":
-                        memory.reset()
-                        if spec.device.startswith("cuda"):
-                            torch.cuda.reset_peak_memory_stats()
-                        command = conn.recv()
-                    memory.watch()
-                    step = system.step()
-                    memory.pause()
-                    memory.idle()
-                    conn.send(asdict(step))
-            finally:  # SGLang's engine processes end with it, on a failure too
-                system.close()
-        reserved = None  # verl's actor is in Ray's processes: it says its allocated peak only
-        if allocated is None:
-            cuda = spec.device.startswith("cuda")
-            allocated = torch.cuda.max_memory_allocated() if cuda else 0
-            reserved = torch.cuda.max_memory_reserved() if cuda else None
-        peak = memory.stop()
-        conn.send(("memory", peak, memory.peak_own, allocated, reserved, memory.per_process))
-    except UsageError as err:  # ours' argv, e.g. a bad --ours-flags: one line
-        conn.send(("usage", f"train.py flags: {err}"))
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-        raise
-
-
-class WorkerFailed(Exception):
-    """A system's worker raised (its traceback) or died without a result."""
-
-    def __init__(self, kind: str, details: str) -> None:
-        super().__init__(f"the {kind} worker failed:\n{details.rstrip()}")
-        self.kind = kind
-        self.details = details.rstrip()
-
-    @property
-    def reason(self) -> str:
-        """The traceback's last line: the exception (e.g. CUDA's out of memory)."""
-        return self.details.splitlines()[-1] if self.details else "no details"
-
-
-# how the systems say that the GPU is too small: torch's allocator, and vLLM's start-up when its
-# share leaves no room for the KV cache
-OUT_OF_MEMORY = ("out of memory", "OutOfMemoryError", "No available memory for the cache blocks")
-
-
-def out_of_memory(details: str) -> bool:
-    """Whether a worker's traceback says the system did not fit the device."""
-    return any(sign in details for sign in OUT_OF_MEMORY)
-
-
-class Worker:
-    """A system's worker process; `timeout` (``--step-timeout``): the longest wait for any
-    one answer (its start, a step, its memory), None for no limit."""
-
-    def __init__(
-        self,
-        kind: str,
-        spec: Spec,
-        steps: int,
-        baseline: int,
-        path: list[str],
-        timeout: float | None = None,
-    ) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.kind = kind
-        self.timeout = timeout
-        self.conn, child = context.Pipe()
-        self.process = context.Process(
-            target=worker, args=(kind, spec, steps, baseline, path, child)
-        )
-        self.process.start()
-        child.close()  # so that a worker that dies reads as EOF here, not as a wait forever
-        try:
-            _, self.versions = self.expect("ready")
-        except WorkerFailed:
-            self.stop()  # not yet in the caller's hands: nobody else would end it
-            raise
-
-    def receive(self) -> Any:
-        if self.timeout is not None and not self.conn.poll(self.timeout):
-            raise WorkerFailed(self.kind, f"no answer within {self.timeout:g} s (--step-timeout)")
-        try:
-            message = self.conn.recv()
-        except EOFError:
-            self.process.join(timeout=30)
-            raise WorkerFailed(
-                self.kind, f"exited (code {self.process.exitcode}) without a result"
-            ) from None
-        if isinstance(message, tuple) and message[0] == "usage":
-            self.process.join(timeout=30)
-            sys.exit(f"grpo_vs_trl: {message[1]}")
-        if isinstance(message, tuple) and message[0] == "error":
-            self.process.join(timeout=30)
-            raise WorkerFailed(self.kind, message[1])
-        return message
-
-    def expect(self, tag: str) -> tuple[Any, ...]:
-        message = self.receive()
-        if not (isinstance(message, tuple) and message[0] == tag):
-            sys.exit(f"grpo_vs_trl: the {self.kind} worker sent {message!r}, expected {tag}")
-        return message
-
-    def step(self, reset: bool = False) -> StepTime:
-        if reset:
-            self.conn.send("reset")
-        self.conn.send("step")
-        return StepTime(**self.receive())  # plain dicts cross the pipe, not __mp_main__ classes
-
-    def finish(self) -> tuple[int, int, int, int | None, bool]:
-        _, peak, peak_own, allocated, reserved, per_process = self.expect("memory")
-        self.process.join(timeout=120)
-        return peak, peak_own, allocated, reserved, per_process
-
-    def stop(self) -> None:
-        """End the worker process if it still runs (a failure elsewhere left it waiting, or it
-        hung), and every process it started: an engine's, or the Ray cluster verl starts, would
-        otherwise keep their GPU memory from the next system."""
-        if self.process.is_alive():
-            started = descendants(self.process.pid)
-            self.process.terminate()
-            self.process.join(timeout=30)
-            end(started)
-        self.process.join(timeout=60)
-
-
-def descendants(pid: int) -> list[Any]:
-    """The processes `pid` started, and theirs (psutil's), or none where psutil is missing
-    here (then only the worker is ended)."""
-    try:
-        import psutil
-    except ImportError:
-        return []
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def end(processes: list[Any]) -> None:
-    """Kill `processes` (psutil's) that still run, and wait for them."""
-    if not processes:
-        return
-    import psutil
-
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
-    psutil.wait_procs(processes, timeout=30)
 
 
 # ---------------------------------------------------------------------------- machine

@@ -16,7 +16,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benchmarks import comparison_report, decode_bound, ours_system, trl_system, workload
+from benchmarks import (
+    comparison_report,
+    decode_bound,
+    ours_system,
+    peak_memory,
+    system_worker,
+    trl_system,
+    workload,
+)
 from trainer.job.memory_estimate import DeviceMemory
 from trainer.tiny import parity, vocabulary
 
@@ -234,7 +242,7 @@ def test_the_trl_vllm_worker_syncs_once_per_step_through_trls_own_vllm_glue(
     spec = tiny_spec(bench, tmp_path)
     bench.prepare_inputs(spec, rows=spec.prompts * 4)
     commands = Commands(["reset", "step", "step"])
-    memory = bench.PeakMemory("cpu", 0)
+    memory = peak_memory.PeakMemory("cpu", 0)
     trl_system.run_trl(spec, "trl-vllm", 2, commands, memory)
     memory.stop()
 
@@ -282,7 +290,7 @@ def test_a_system_path_is_searched_for_its_packages(bench, tmp_path):
 def test_use_path_puts_the_folders_first(bench, monkeypatch):
     monkeypatch.setattr(sys, "path", ["/b"])
     monkeypatch.setenv("PYTHONPATH", "/c")
-    bench.use_path(["/a1", "/a2"])
+    system_worker.use_path(["/a1", "/a2"])
     assert sys.path == ["/a1", "/a2", "/b"]
     assert os.environ["PYTHONPATH"] == os.pathsep.join(["/a1", "/a2", "/c"])
 
@@ -509,7 +517,7 @@ def test_vllm_sleeps_where_the_systems_share_the_device(bench, argv, sleep):
 
 
 def test_peak_memory_splits_the_process_tree_at_its_peak(bench):
-    memory = bench.PeakMemory("cpu", 0)
+    memory = peak_memory.PeakMemory("cpu", 0)
     memory.watch()
     child = subprocess.Popen([sys.executable, "-c", "x = bytearray(200 * 2**20); input()"],
                              stdin=subprocess.PIPE)  # fmt: skip
@@ -525,7 +533,7 @@ def test_peak_memory_splits_the_process_tree_at_its_peak(bench):
 
 
 def test_peak_memory_samples_only_while_a_step_is_watched(bench):
-    memory = bench.PeakMemory("cpu", 0)
+    memory = peak_memory.PeakMemory("cpu", 0)
     try:
         time.sleep(0.2)
         assert memory.peak == 0  # no step yet: nothing sampled
@@ -1062,7 +1070,7 @@ def test_the_verl_worker_answers_each_step_with_the_step_verl_logged(bench, tmp_
     spec = tiny_spec(bench, tmp_path)
     calls = stand_in_verl(monkeypatch, verl_logger(spec, 3, [50.0, 20.0, 30.0]))
     commands = Commands(["step", "reset", "step", "step"])
-    memory = bench.PeakMemory("cpu", 0)
+    memory = peak_memory.PeakMemory("cpu", 0)
     allocated = verl_system().run(spec, 3, commands, memory, {"verl": "0.9.1"}, ["a b", "c"])
     memory.stop()
     assert commands.sent[0] == ("ready", {"verl": "0.9.1"})
@@ -1083,7 +1091,7 @@ def test_a_verl_failure_reaches_the_parent_as_the_workers_error(bench, tmp_path,
         raise MemoryError("CUDA out of memory in the actor")
 
     stand_in_verl(monkeypatch, run_ppo)
-    memory = bench.PeakMemory("cpu", 0)
+    memory = peak_memory.PeakMemory("cpu", 0)
     with pytest.raises(MemoryError, match="CUDA out of memory in the actor"):
         verl_system().run(spec, 2, Commands(["step", "step"]), memory, {}, ["a"])
     memory.stop()
@@ -1099,7 +1107,7 @@ def test_a_verl_run_that_ends_early_is_a_failure(bench, tmp_path, monkeypatch):
         logged_one({"steps": 1}, task_runner_class)
 
     stand_in_verl(monkeypatch, run_ppo)
-    memory = bench.PeakMemory("cpu", 0)
+    memory = peak_memory.PeakMemory("cpu", 0)
     commands = Commands(["step", "step"])
     with pytest.raises(RuntimeError, match="verl logged 1 of its 2 steps"):
         verl_system().run(spec, 2, commands, memory, {}, ["a"])
