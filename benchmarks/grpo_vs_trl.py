@@ -386,15 +386,8 @@ def earlier_results(options: argparse.Namespace, spec: Spec) -> dict[str, dict[s
     that failed there stays failed (out of memory is a result), one never run is run now."""
     if options.json is None or not options.one_at_a_time:
         raise ValueError("continues an earlier --one-at-a-time run: give both and its --json")
-    try:
-        document = json.loads(options.json.read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot read {options.json}: {err}") from None
-    if (
-        not isinstance(document, dict)
-        or not document.get("one_at_a_time")
-        or not isinstance(document.get("results"), dict)
-    ):
+    document = read_document(options.json)
+    if not document["one_at_a_time"]:
         raise ValueError(f"{options.json} is not the JSON of a --one-at-a-time run")
     if document.get("machine") != machine(spec):
         raise ValueError(
@@ -448,24 +441,35 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
+def read_document(path: Path) -> dict[str, Any]:
+    """A `--json` document (`write_json`'s), or a one-line ValueError saying why it is not."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read {path}: {err}") from None
+    if not isinstance(document, dict):
+        raise ValueError(f"{path} is not a --json document of this benchmark")
+    for key in ("spec", "machine", "one_at_a_time", "results"):
+        if key not in document:
+            raise ValueError(f"{path} has no {key!r}: not a --json of this version")
+    return document
+
+
 def saved_report(path: Path, hbm_tbps: float | None) -> None:
     """Print the report of a run's `--json` document (one whose own report a node's time limit
     cut, say), on any machine: the device and the workload are the document's."""
+    document = read_document(path)
     try:
-        document = json.loads(path.read_text())
         spec = Spec(**document["spec"])
-        results = document["results"]
-        report(
-            spec,
-            results,
-            hbm_tbps,
-            machine=document["machine"],
-            alone=document["one_at_a_time"],
-        )
-    except KeyError as err:
-        raise ValueError(f"{path} has no {err.args[0]!r}: not a --json of this version") from None
-    except (OSError, ValueError, TypeError) as err:
-        raise ValueError(f"cannot read {path} as a --json of this version: {err}") from None
+    except TypeError as err:
+        raise ValueError(f"{path}: its spec is not this version's ({err})") from None
+    report(
+        spec,
+        document["results"],
+        hbm_tbps,
+        machine=document["machine"],
+        alone=document["one_at_a_time"],
+    )
     pending = document.get("pending") or []
     if pending:
         print(f"not run: {', '.join(pending)} (the same command with --resume runs them)")
