@@ -71,8 +71,9 @@ node reuse it instead of building it again (a minute for the Qwen3-4B shape). `-
 fails a system that does not answer (start, step) within S seconds and ends its processes.
 `--report JSON` prints the report of an earlier run's `--json` on any machine (one whose own
 report a node's limit cut) and runs nothing.
-`--SYSTEM-path` puts directories first on that worker's `sys.path` and `PYTHONPATH` only: on a
-node where vLLM's and SGLang's pins conflict, each comes from its own wheelhouse target.
+`--SYSTEM-path` puts directories first on that worker's `sys.path` and `PYTHONPATH` only, and
+takes every other system's `--SYSTEM-path` off both (also where the parent's `PYTHONPATH` holds
+it): on a node where vLLM's and SGLang's pins conflict, each comes from its own wheelhouse target.
 Reported per system: the package versions its worker imported, step time median / min / max,
 rollout tokens/s (generated tokens over the generation time, prefill included), training
 tokens/s (prompt + response tokens over the rest of the step), peak GPU memory (NVML, the
@@ -108,7 +109,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from importlib.machinery import PathFinder
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +117,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.comparison_report import ratios, report, summary
 from benchmarks.ours_system import OURS_MEMORY
 from benchmarks.peak_memory import device_used
-from benchmarks.system_worker import Worker, WorkerFailed, out_of_memory
+from benchmarks.system_worker import SystemPath, Worker, WorkerFailed, out_of_memory
 from benchmarks.trl_system import UNSLOTH_VLLM_MEMORY
 from benchmarks.workload import (
     MODEL_SHAPES,
@@ -184,13 +184,13 @@ def needed_modules(spec: Spec, kind: str) -> list[str]:
     return needed
 
 
-def missing_packages(spec: Spec, paths: dict[str, list[str]]) -> list[str]:
+def missing_packages(spec: Spec, paths: dict[str, SystemPath]) -> list[str]:
     """'module for system (how to install it)' for every module a system's worker needs and
-    cannot import, with its `--SYSTEM-path` first."""
+    cannot import from its path (`SystemPath.search`)."""
     missing = []
     for kind, path in paths.items():
         for module in needed_modules(spec, kind):
-            if PathFinder.find_spec(module, path) is None and find_spec(module) is None:
+            if PathFinder.find_spec(module, path.search()) is None:
                 missing.append(f"{module} for {kind} ({INSTALL[module]})")
     return missing
 
@@ -211,7 +211,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         parser.add_argument(
             f"--{kind}-path",
             default="",
-            help=f"directories ({os.pathsep}-separated) first on {kind}'s sys.path and PYTHONPATH",
+            help=f"directories ({os.pathsep}-separated) first on {kind}'s sys.path and "
+            "PYTHONPATH, and off every other system's",
         )
     parser.add_argument("--warmup", type=int, help="untimed steps per system first (2; tiny: 1)")
     parser.add_argument("--prompts", type=int, default=8)
@@ -318,11 +319,16 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         parser.error(f"--step-timeout {options.step_timeout:g}: seconds, more than 0")
     if min(options.steps.values()) < 1 or options.warmup < 0:
         parser.error("--steps must be >= 1 (every --SYSTEM-steps too) and --warmup >= 0")
-    options.paths = {kind: own_path(options, kind) for kind in systems}
-    for kind in SYSTEMS:
-        for folder in own_path(options, kind):
+    given = {kind: own_path(options, kind) for kind in SYSTEMS}
+    for kind, folders in given.items():
+        for folder in folders:
             if not Path(folder).is_dir():
                 parser.error(f"--{kind}-path: {folder} is not a directory")
+    options.paths = {}
+    for kind in systems:
+        others = (f for other in SYSTEMS if other != kind for f in given[other])
+        hidden = [f for f in dict.fromkeys(others) if f not in given[kind]]
+        options.paths[kind] = SystemPath(given[kind], hidden)
     rows = options.prompts * options.samples
     if options.micro_batch < 1 or rows % options.micro_batch:
         parser.error(f"--micro-batch {options.micro_batch} does not divide {rows} samples")
@@ -363,7 +369,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
     if "verl" in options.paths:
         from benchmarks.verl_system import peft_problem
 
-        problem = peft_problem(options.paths["verl"])
+        problem = peft_problem(options.paths["verl"].search())
         if problem:
             parser.error(f"--systems verl: {problem}")
     if options.device == "cuda":

@@ -11,7 +11,7 @@ import multiprocessing
 import os
 import sys
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from benchmarks.ours_system import Ours
@@ -20,17 +20,39 @@ from benchmarks.trl_system import run_trl
 from benchmarks.workload import Spec, StepTime, package_versions, prompts_of
 
 
-def use_path(path: list[str]) -> None:
-    """Put `path` first on this process's `sys.path` and, for the processes it starts (SGLang's
-    scheduler), on `PYTHONPATH`."""
-    if path:
-        sys.path[:0] = path
-        rest = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(path + ([rest] if rest else []))
+@dataclass(frozen=True)
+class SystemPath:
+    """Where a system's worker imports from: `first` (its ``--SYSTEM-path``) before the
+    parent's own path, less `hidden` (every other system's ``--SYSTEM-path``), so that no
+    package of another system's target reaches it. One that did broke verl's vLLM: SGLang's
+    FlashInfer kernel wheel, on the parent's ``PYTHONPATH`` for ours, beside vLLM's own older
+    FlashInfer ("flashinfer-jit-cache version ... does not match flashinfer version")."""
+
+    first: list[str] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)
+
+    def without_hidden(self, entries: list[str]) -> list[str]:
+        gone = {os.path.realpath(folder) for folder in self.hidden}
+        return [e for e in entries if not e or os.path.realpath(e) not in gone]
+
+    def search(self) -> list[str]:
+        """The `sys.path` the worker will have (this process's, as the worker inherits it)."""
+        return self.first + self.without_hidden(sys.path)
+
+    def use(self) -> None:
+        """Make it this process's `sys.path` and, for the processes it starts (SGLang's
+        scheduler, verl's Ray actors and vLLM server), its ``PYTHONPATH``."""
+        sys.path[:] = self.search()
+        rest = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+        entries = self.first + self.without_hidden(rest)
+        if entries:
+            os.environ["PYTHONPATH"] = os.pathsep.join(entries)
+        else:
+            os.environ.pop("PYTHONPATH", None)
 
 
-def worker(kind: str, spec: Spec, steps: int, baseline: int, path: list[str], conn: Any) -> None:
-    use_path(path)  # before the systems' packages: this module's top imports none of them
+def worker(kind: str, spec: Spec, steps: int, baseline: int, path: SystemPath, conn: Any) -> None:
+    path.use()  # before the systems' packages: this module's top imports none of them
     from trainer.arguments import UsageError
 
     try:
@@ -111,7 +133,7 @@ class Worker:
         spec: Spec,
         steps: int,
         baseline: int,
-        path: list[str],
+        path: SystemPath,
         timeout: float | None = None,
     ) -> None:
         context = multiprocessing.get_context("spawn")

@@ -54,14 +54,14 @@ def reward(data_source: str, solution_str: str, ground_truth: str, **_: Any) -> 
 
 
 def peft_problem(path: list[str]) -> str | None:
-    """Why the peft that verl's worker would import (the first on `path`, then this process's)
+    """Why the peft that verl's worker would import (the first on `path`, its whole search path)
     sends verl's rollout no adapter, or None (also where there is none: the missing-package
     check names it)."""
     from importlib.metadata import distributions
 
     from packaging.version import Version
 
-    found = next(iter(distributions(name="peft", path=[*path, *sys.path])), None)
+    found = next(iter(distributions(name="peft", path=path)), None)
     if found is None:
         return None
     if Version(found.version).release[:2] < PEFT_WITHOUT_ADAPTER:

@@ -66,7 +66,7 @@ class Spec:
     @property
     def model_key(self) -> dict[str, Any]:
         """What the random model and its tokenizer are built from."""
-        return {"tiny": self.tiny, "shape": self.shape, "seed": self.seed}
+        return {"tiny": self.tiny, "shape": self.shape, "seed": self.seed, "newline": True}
 
 
 # Spec fields that say where a run keeps its files, not what it measures
@@ -82,20 +82,38 @@ class StepTime:
     phases: dict[str, float] = field(default_factory=dict)  # ours: the loop's `time/*` metrics
 
 
+# Qwen's tokenizers hold the newline as one token, and verl's rollout for a `qwen3` model
+# requires it (its token builder inserts it after `<|im_end|>`); a word-level tokenizer splits
+# on whitespace and would drop it
+NEWLINE = "\n"
+
+
+def vocabulary(spec: Spec) -> dict[str, int]:
+    """The tiny task's words, filler words ``t<i>`` up to the shape's vocabulary size, and the
+    newline last (one token, as in Qwen's tokenizers)."""
+    from trainer import tiny as tiny_task
+
+    size = None if spec.tiny else spec.model_shape["vocab_size"] - 1
+    words = tiny_task.vocabulary(size)
+    return {**words, NEWLINE: len(words)}
+
+
 def build_tokenizer(spec: Spec, *, eos: bool) -> Any:
     """The tiny task's tokenizer, or a word-level one over ``t<i>`` words for the full vocabulary
-    (the tokenizer of the measured TRL baseline). Without `eos` it has no end-of-sequence token,
-    so no engine stops early: every response is as long as asked."""
+    (the tokenizer of the measured TRL baseline), the newline one token of its own. Without
+    `eos` it has no end-of-sequence token, so no engine stops early: every response is as long
+    as asked."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     from trainer import tiny as tiny_task
 
-    specials = list(tiny_task.SPECIAL_TOKENS)
-    vocab = tiny_task.vocabulary(None if spec.tiny else spec.model_shape["vocab_size"])
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend = Tokenizer(models.WordLevel(vocabulary(spec), unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    backend.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in tiny_task.SPECIAL_TOKENS]
+    )
+    backend.add_tokens([AddedToken(NEWLINE, normalized=False)])  # its id in the vocabulary
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>" if eos else None,
@@ -109,7 +127,7 @@ def prompt_words(spec: Spec) -> list[str]:
 
     if spec.tiny:
         return [*tiny_task.VERBS, *tiny_task.COLOURS]
-    return list(tiny_task.vocabulary(spec.model_shape["vocab_size"]))[len(tiny_task.vocabulary()) :]
+    return list(vocabulary(spec))[len(tiny_task.vocabulary()) : -1]  # the fillers
 
 
 def prepare_inputs(spec: Spec, rows: int) -> str:

@@ -21,10 +21,10 @@ from benchmarks import (
     decode_bound,
     ours_system,
     peak_memory,
-    system_worker,
     trl_system,
     workload,
 )
+from benchmarks.system_worker import SystemPath
 from trainer.job.memory_estimate import DeviceMemory
 from trainer.tiny import parity, vocabulary
 
@@ -131,7 +131,22 @@ def test_the_4b_shape_builds_its_whole_vocabulary(bench):
     tokenizer = workload.build_tokenizer(spec, eos=False)
     assert len(tokenizer) == 151936 and tokenizer.eos_token is None
     words = workload.prompt_words(spec)
-    assert len(words) == 151936 - len(vocabulary()) and words[0].startswith("t")
+    assert len(words) == 151936 - len(vocabulary()) - 1 and words[0].startswith("t")
+    assert words[-1] == "t151934"  # the last id is the newline's
+
+
+@pytest.mark.parametrize("shape", ["qwen3-0.6b", "qwen3-4b"])
+def test_the_newline_is_one_token_of_the_model_s_vocabulary(bench, shape):
+    """As in Qwen's tokenizers; verl's rollout for a `qwen3` model refuses a tokenizer without
+    it ("Expected Qwen newline to tokenize to one token, got []")."""
+    spec = full_spec(bench, shape=shape)
+    tokenizer = workload.build_tokenizer(spec, eos=False)
+    (newline,) = tokenizer.encode("\n", add_special_tokens=False)
+    assert newline == spec.model_shape["vocab_size"] - 1 == len(tokenizer) - 1
+    words = tokenizer.encode("t20\nt21 t22", add_special_tokens=False)
+    assert words == [20, newline, 21, 22]
+    assert tokenizer.decode(words) == "t20 \n t21 t22"
+    assert "\n" not in workload.prompt_words(spec)
 
 
 def test_phase_medians(bench):
@@ -271,28 +286,45 @@ def test_the_trl_vllm_worker_syncs_once_per_step_through_trls_own_vllm_glue(
 def test_each_system_gets_its_own_steps_and_path(bench, tmp_path):
     pytest.importorskip("trl")
     argv = ["--device", "cpu", "--tiny", "--steps", "4", "--trl-steps", "2"]
-    options, _ = bench.parse([*argv, "--trl-path", f"{tmp_path}{os.pathsep}{tmp_path}"])
+    (tmp_path / "vllm").mkdir()
+    paths = ["--trl-path", f"{tmp_path}{os.pathsep}{tmp_path}"]
+    paths += ["--trl-vllm-path", f"{tmp_path}/vllm"]
+    options, _ = bench.parse([*argv, *paths])
     assert options.steps == {"ours": 4, "trl": 2}
-    assert options.paths == {"ours": [], "trl": [str(tmp_path), str(tmp_path)]}
+    assert options.paths == {
+        "ours": SystemPath([], [str(tmp_path), f"{tmp_path}/vllm"]),
+        "trl": SystemPath([str(tmp_path), str(tmp_path)], [f"{tmp_path}/vllm"]),
+    }
 
 
-def test_a_system_path_is_searched_for_its_packages(bench, tmp_path):
+def test_a_system_path_is_searched_for_its_packages(bench, tmp_path, monkeypatch):
     spec = full_spec(bench)
     assert any(
-        m.startswith("vllm for trl-vllm") for m in bench.missing_packages(spec, {"trl-vllm": []})
+        m.startswith("vllm for trl-vllm")
+        for m in bench.missing_packages(spec, {"trl-vllm": SystemPath()})
     )
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("")
-    missing = bench.missing_packages(spec, {"trl-vllm": [str(tmp_path)], "ours": []})
-    assert not any(m.startswith("vllm") for m in missing)
+    found = {"trl-vllm": SystemPath([str(tmp_path)]), "ours": SystemPath()}
+    assert not any(m.startswith("vllm") for m in bench.missing_packages(spec, found))
+    # on this process's path, but another system's target: not the worker's
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    hidden = {"trl-vllm": SystemPath([], [f"{tmp_path}/"])}
+    assert any(m.startswith("vllm for trl-vllm") for m in bench.missing_packages(spec, hidden))
 
 
-def test_use_path_puts_the_folders_first(bench, monkeypatch):
-    monkeypatch.setattr(sys, "path", ["/b"])
-    monkeypatch.setenv("PYTHONPATH", "/c")
-    system_worker.use_path(["/a1", "/a2"])
-    assert sys.path == ["/a1", "/a2", "/b"]
+def test_a_worker_imports_from_its_own_target_and_none_of_the_others(monkeypatch):
+    """Its folders first on `sys.path` and on the `PYTHONPATH` its processes inherit; another
+    system's target off both, however it is spelled (verl's vLLM once imported SGLang's
+    FlashInfer kernels from the parent's `PYTHONPATH`)."""
+    monkeypatch.setattr(sys, "path", ["", "/b", "/tmp/site/", "/d"])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/tmp/site", "/c"]))
+    SystemPath(["/a1", "/a2"], ["/tmp/site"]).use()
+    assert sys.path == ["/a1", "/a2", "", "/b", "/d"]
     assert os.environ["PYTHONPATH"] == os.pathsep.join(["/a1", "/a2", "/c"])
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    SystemPath([], ["/tmp/site"]).use()
+    assert "PYTHONPATH" not in os.environ
 
 
 @pytest.mark.timeout(180)
@@ -856,9 +888,11 @@ def test_the_peers_packages_are_named_with_their_targets(bench, kind, modules, t
         (tmp_path / module).mkdir()
         (tmp_path / module / "__init__.py").write_text("")
     assert not [
-        m for m in bench.missing_packages(spec, {kind: [str(tmp_path)]}) if m.split()[0] in modules
+        m
+        for m in bench.missing_packages(spec, {kind: SystemPath([str(tmp_path)])})
+        if m.split()[0] in modules
     ]
-    named = {m.split()[0]: m for m in bench.missing_packages(spec, {kind: []})}
+    named = {m.split()[0]: m for m in bench.missing_packages(spec, {kind: SystemPath()})}
     absent = {m for m in modules if importlib.util.find_spec(m) is None}  # here, without a path
     assert absent and {m: f"for {kind} (" in named.get(m, "") for m in absent} == dict.fromkeys(
         absent, True
