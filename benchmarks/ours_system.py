@@ -128,7 +128,10 @@ def ours_config(
     if config.placement.rollout_backend != "sglang" or chosen:
         return config
     fraction = engine_fraction(spec, config, memory().free)
-    if fraction != SGLANG_FRACTION:
+    if fraction == SGLANG_FRACTION_MAX:  # train.py's plan says what its KV cache holds
+        print(f"ours: {FRACTION_FLAG} {fraction:g}, the most it is given: a step's KV cache may "
+              "not fit, and SGLang then decodes the samples in turns")  # fmt: skip
+    elif fraction != SGLANG_FRACTION:
         print(f"ours: {FRACTION_FLAG} {fraction:g}, which holds a step's KV cache")
     return replace(config, sglang=replace(config.sglang, sglang_mem_fraction_static=fraction))
 

@@ -59,14 +59,16 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, path: SystemPath, c
         import torch
 
         memory = PeakMemory(spec.device, baseline)
-        allocated = None
+        allocated = reserved = None
         if kind in ("trl", "trl-vllm", "unsloth"):
             run_trl(spec, kind, steps, conn, memory)
         elif kind == "verl":
             from benchmarks import verl_system
 
             versions = package_versions()
-            allocated = verl_system.run(spec, steps, conn, memory, versions, prompts_of(spec))
+            allocated, reserved = verl_system.run(
+                spec, steps, conn, memory, versions, prompts_of(spec)
+            )
         else:
             system = Ours(spec, steps)
             try:
@@ -85,8 +87,7 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, path: SystemPath, c
                     conn.send(asdict(step))
             finally:  # SGLang's engine processes end with it, on a failure too
                 system.close()
-        reserved = None  # verl's actor is in Ray's processes: it says its allocated peak only
-        if allocated is None:
+        if allocated is None:  # verl's actor is in Ray's processes: verl says its peaks
             cuda = spec.device.startswith("cuda")
             allocated = torch.cuda.max_memory_allocated() if cuda else 0
             reserved = torch.cuda.max_memory_reserved() if cuda else None

@@ -40,6 +40,8 @@ CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor 
 # vLLM's share of the GPU where `--vllm-memory` is not given: verl's own default.
 VERL_VLLM_MEMORY = 0.5
 POLL_S = 0.02
+# the actor's memory peaks as verl's V1 trainer logs them (its worker's metrics, renamed)
+ACTOR_PEAK = "actor/perf/max_memory_"
 # The first peft whose `get_peft_model_state_dict` finds the adapter's entries by module name:
 # under verl 0.9.1's FSDP1 actor, whose module names carry `_fsdp_wrapped_module.`, it finds
 # none, verl sends vLLM an empty adapter and vLLM's `add_lora` fails (StopIteration) while verl
@@ -209,10 +211,14 @@ def step_time(record: dict[str, Any], step_s: float, rows: int, prompt_len: int)
     }
 
 
-def allocated(records: list[dict[str, Any]]) -> int:
-    """The actor's peak torch allocation over `records` (verl's `perf/max_memory_allocated_gb`)."""
-    peaks = [r["data"].get("perf/max_memory_allocated_gb", 0.0) for r in records]
-    return round(max(peaks, default=0.0) * 2**30)
+def actor_peaks(records: list[dict[str, Any]]) -> tuple[int, int]:
+    """The actor's peak torch allocation and reservation over `records`, in bytes: its
+    ``perf/max_memory_{allocated,reserved}_gb``, which the V1 trainer logs under ``actor/``."""
+
+    def peak(key: str) -> int:
+        return round(max((r["data"].get(key, 0.0) for r in records), default=0.0) * 2**30)
+
+    return peak(f"{ACTOR_PEAK}allocated_gb"), peak(f"{ACTOR_PEAK}reserved_gb")
 
 
 class StepLog:
@@ -255,10 +261,11 @@ def run(
     memory: PeakMemory,
     versions: dict[str, str],
     prompts: list[str],
-) -> int:
+) -> tuple[int, int]:
     """The verl worker: verl trains `steps` steps on its own, in this process's main thread (Ray
     sets its signal handlers there); a thread answers every "step" command from the parent with
-    the next step verl logged. Returns the actor's peak torch allocation over the timed steps."""
+    the next step verl logged. Returns the actor's peak torch allocation and reservation over
+    the timed steps."""
     import ray
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -306,4 +313,4 @@ def run(
     if len(answered) < steps:
         raise RuntimeError(f"verl logged {len(answered)} of its {steps} steps")
     memory.pause()
-    return allocated(records)
+    return actor_peaks(records)
