@@ -249,8 +249,8 @@ class GRPOLoop:
         kept: list[tuple[list[Generation], torch.Tensor]] = []
         rejected: list[tuple[list[Generation], torch.Tensor]] = []
         rounds = prompts = 0
-        with self.colocation.rollout(timer):  # one phase for every round: the GPUs swap once
-            self.publish(timer)
+        # one phase for every round: the GPUs swap once
+        with self.colocation.rollout(timer, update=lambda: self.publish(timer)):
             checked = self.sync.check(self.engines) if self.sync is not None else {}
             while len(kept) < target:
                 if self.sampling_filter is not None and prompts >= max(len(self.source), target):
@@ -424,8 +424,7 @@ class GRPOLoop:
 
     def evaluate(self, rollout_id: int, timer: Timer) -> dict[str, float]:
         scores = {}
-        with self.colocation.rollout(timer):
-            self.publish(timer)
+        with self.colocation.rollout(timer, update=lambda: self.publish(timer)):
             for name, samples in self.eval_sets.items():
                 generations = self.generate(samples, rollout_id, evaluation=True)
                 n = self.config.eval.n_samples_per_eval_prompt

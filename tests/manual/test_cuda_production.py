@@ -73,8 +73,8 @@ LOGPROB_DIFF_LIMIT = 0.03  # the seed's threshold for train_rollout_logprob_abs_
 BACKENDS = {"amd-triton": ("triton", "triton"), "cuda-recipe": ("flashinfer", "csgmv")}
 TRAINERS = ("megatron", "torch")
 SWAPS = (
-    "trainer_release_memory", "engine_resume_memory", "engine_release_memory",
-    "trainer_resume_memory",
+    "trainer_release_memory", "engine_resume_weights", "engine_resume_memory",
+    "engine_release_memory", "trainer_resume_memory",
 )  # fmt: skip
 DECODE_GRAPHS = ("--sglang-cuda-graph-max-bs-decode", "64")  # 8 prompts x 8 samples
 BREAKDOWN = ("rollout", "logprobs", "train", "export_adapter", "load_adapter", *SWAPS, "step")

@@ -87,6 +87,9 @@ class LocalEngines:
     def release_memory(self):
         self.calls.append("engine.release")
 
+    def resume_weights(self):
+        self.calls.append("engine.resume_weights")
+
     def resume_memory(self):
         self.calls.append("engine.resume")
 
@@ -293,15 +296,16 @@ def test_loop_runs_logs_and_takes_turns_on_the_devices(tiny_dirs, tmp_path, caps
     assert "step 2/2 | reward" in capsys.readouterr().out
 
     # 2 optimizer steps per rollout (16 samples, global batch 8); each rollout phase first loads
-    # the newest adapter; the trainer gives the devices up around every rollout phase.
-    phase = ["trainer.release", "engine.resume"]
+    # the newest adapter, with the engine's weights back and its KV cache not yet; the trainer
+    # gives the devices up around every rollout phase.
+    release, weights, resume = ["trainer.release"], ["engine.resume_weights"], ["engine.resume"]
     back = ["engine.release", "trainer.resume"]
     assert trainers.calls == [
         "engine.release",
-        *phase, "engine.generate", *back,
-        *phase, "engine.load_adapter v2", "engine.generate", *back,
-        *phase, "engine.generate", *back,
-        *phase, "engine.load_adapter v4", "engine.generate", *back,
+        *release, *weights, *resume, "engine.generate", *back,
+        *release, *weights, "engine.load_adapter v2", *resume, "engine.generate", *back,
+        *release, *weights, *resume, "engine.generate", *back,
+        *release, *weights, "engine.load_adapter v4", *resume, "engine.generate", *back,
     ]  # fmt: skip
 
 

@@ -144,6 +144,11 @@ class RolloutEngine(Protocol):
 
     def release_memory(self) -> None: ...
 
+    def resume_weights(self) -> None:
+        """After `release_memory`: the weights back, ready for `load_adapter`; the rest (KV
+        cache, CUDA graphs) comes back with `resume_memory` (`trainer.backends.colocate`)."""
+        ...
+
     def resume_memory(self) -> None: ...
 
 

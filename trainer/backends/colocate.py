@@ -5,8 +5,9 @@ With ``--colocate`` both live on the same devices and take turns::
     colocation = Colocation.start_engines_first(start_engines, start_trainers, colocate=True)
                                        # engines built, engine.release_memory(), trainers built
     # (or, with both already built: colocation.start()  # engine.release_memory())
-    with colocation.rollout():         # trainer.release_memory(); engine.resume_memory()
-        engine.load_adapter(...)
+    with colocation.rollout(update=lambda: engine.load_adapter(...)):
+                                       # trainer.release_memory(); engine.resume_weights();
+                                       # update(); engine.resume_memory()
         engine.generate(...)
     # on exit                          # engine.release_memory(); trainer.resume_memory()
     trainer.train_step(...)
@@ -16,7 +17,12 @@ the engine's memory fraction leaves the trainer room), the same phases are track
 call is made, so the loop reads the same either way. Calls out of order raise
 `ColocateOrderError`. `calls` records every release/resume made, in order. The holders are
 anything with ``release_memory()`` and ``resume_memory()`` (a backend, or a group of Ray actors
-behind such methods).
+behind such methods); the engine also with ``resume_weights()``.
+
+The engine comes back in two parts, as miles onloads SGLang: its weights, then the weight
+update (`update`), then the rest (KV cache, CUDA graphs). An update's own buffers (an adapter
+merged into the base weights: 6.8 GiB at the Qwen3-4B shape) fit while the KV cache is still
+released; beside a KV cache that takes most of the GPU (long responses) they would not.
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ class MemoryHolder(Protocol):
     def resume_memory(self) -> None: ...
 
 
+class EngineMemory(MemoryHolder, Protocol):
+    def resume_weights(self) -> None:
+        """The weights back on the device, the rest (KV cache, CUDA graphs) still released:
+        ready for a weight update, not yet for generation. `resume_memory` resumes the rest."""
+        ...
+
+
 class Phase(enum.Enum):
     SETUP = "setup"  # both just built; nothing released yet
     TRAIN = "train"  # trainer resident, engine released (when colocated)
@@ -44,7 +57,7 @@ class ColocateOrderError(AssertionError):
     """A memory phase transition or a backend call made in the wrong phase."""
 
 
-E = TypeVar("E", bound=MemoryHolder)
+E = TypeVar("E", bound=EngineMemory)
 Timed = Callable[[str], AbstractContextManager[None]]
 T = TypeVar("T", bound=MemoryHolder)
 
@@ -92,14 +105,21 @@ class Colocation(Generic[T, E]):
         self.phase = Phase.TRAIN
 
     @contextmanager
-    def rollout(self, timed: Timed | None = None) -> Iterator[None]:
-        """The engine holds the GPUs inside the block, the trainer again after it. Each swap
-        call runs inside ``timed("<holder>_<method>")`` (the loop's step timer)."""
+    def rollout(
+        self, timed: Timed | None = None, *, update: Callable[[], None] | None = None
+    ) -> Iterator[None]:
+        """The engine holds the GPUs inside the block, the trainer again after it. `update`
+        (the engine's weight update) runs first, once the engine's weights are back and before
+        its KV cache is. Each swap call runs inside ``timed("<holder>_<method>")`` (the loop's
+        step timer)."""
         self.require(Phase.TRAIN, "rollout")
         self._call(self.trainer, "trainer", "release_memory", timed)
-        self._call(self.engine, "engine", "resume_memory", timed)
         self.phase = Phase.ROLLOUT
         try:
+            self._call(self.engine, "engine", "resume_weights", timed)
+            if update is not None:
+                update()
+            self._call(self.engine, "engine", "resume_memory", timed)
             yield
         except BaseException:
             self.phase = Phase.FAILED

@@ -256,6 +256,9 @@ class RolloutWorker:
     def release_memory(self) -> None:
         self.engine.release_memory()
 
+    def resume_weights(self) -> None:
+        self.engine.resume_weights()
+
     def resume_memory(self) -> None:
         self.engine.resume_memory()
 
@@ -375,6 +378,9 @@ class RayEngineGroup:
 
     def release_memory(self) -> None:
         self._all("release_memory")
+
+    def resume_weights(self) -> None:
+        self._all("resume_weights")
 
     def resume_memory(self) -> None:
         self._all("resume_memory")

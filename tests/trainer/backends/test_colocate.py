@@ -28,9 +28,30 @@ class Holder:
         self.log.append(f"{self.name}.resume_memory")
 
 
-def _colocation(colocate: bool = True) -> tuple[Colocation, Holder, Holder, list[str]]:
+class EngineHolder(Holder):
+    """An engine: its weights come back first (`resume_weights`), then the rest."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        super().__init__(name, log)
+        self.weights = True
+
+    def release_memory(self) -> None:
+        super().release_memory()
+        self.weights = False
+
+    def resume_weights(self) -> None:
+        assert not self.resident and not self.weights, f"{self.name}'s weights resumed twice"
+        self.weights = True
+        self.log.append(f"{self.name}.resume_weights")
+
+    def resume_memory(self) -> None:
+        assert self.weights, f"{self.name} resumed before its weights"
+        super().resume_memory()
+
+
+def _colocation(colocate: bool = True) -> tuple[Colocation, Holder, EngineHolder, list[str]]:
     log: list[str] = []
-    trainer, engine = Holder("trainer", log), Holder("engine", log)
+    trainer, engine = Holder("trainer", log), EngineHolder("engine", log)
     return Colocation(trainer, engine, colocate=colocate), trainer, engine, log
 
 
@@ -45,12 +66,54 @@ def test_two_steps_alternate_the_gpus_between_engine_and_trainer() -> None:
         colo.require(Phase.TRAIN, "train_step")
     assert log == [
         "engine.release_memory",
-        "trainer.release_memory", "engine.resume_memory",
+        "trainer.release_memory", "engine.resume_weights", "engine.resume_memory",
         "engine.release_memory", "trainer.resume_memory",
-        "trainer.release_memory", "engine.resume_memory",
+        "trainer.release_memory", "engine.resume_weights", "engine.resume_memory",
         "engine.release_memory", "trainer.resume_memory",
     ]  # fmt: skip
     assert colo.calls == log
+
+
+@pytest.mark.parametrize("colocate", [True, False])
+def test_the_weight_update_runs_between_the_engines_weights_and_its_kv_cache(
+    colocate: bool,
+) -> None:
+    """miles' order (onload weights, update, onload the KV cache): an update's buffers (merged
+    weights, 6.8 GiB at Qwen3-4B) fit while the KV cache is released; beside a KV cache of most
+    of the GPU they ran out of memory (H100, 8,192-token responses, 2026-12-06)."""
+    colo, trainer, engine, log = _colocation(colocate)
+    colo.start()
+    seen = []
+
+    def update() -> None:
+        log.append("update")
+        seen.append((colo.phase, engine.weights, engine.resident, trainer.resident))
+
+    with colo.rollout(update=update):
+        log.append("generate")
+    if colocate:
+        assert seen == [(Phase.ROLLOUT, True, False, False)]
+        assert log == [
+            "engine.release_memory", "trainer.release_memory", "engine.resume_weights",
+            "update", "engine.resume_memory", "generate",
+            "engine.release_memory", "trainer.resume_memory",
+        ]  # fmt: skip
+    else:
+        assert seen == [(Phase.ROLLOUT, True, True, True)]
+        assert log == ["update", "generate"]
+
+
+def test_a_failed_update_leaves_the_colocation_failed() -> None:
+    colo, _, _, log = _colocation()
+    colo.start()
+
+    def update() -> None:
+        raise RuntimeError("SGLang could not take the merged weights")
+
+    with pytest.raises(RuntimeError, match="merged weights"), colo.rollout(update=update):
+        log.append("generate")
+    assert colo.phase is Phase.FAILED
+    assert log[-1] == "engine.resume_weights"
 
 
 @pytest.mark.parametrize("colocate", [True, False])
@@ -59,9 +122,9 @@ def test_engines_start_and_release_before_the_trainers_are_built(colocate: bool)
     building its model on the same GPU meanwhile makes it fail, so engines come first."""
     log: list[str] = []
 
-    def start_engines() -> Holder:
+    def start_engines() -> EngineHolder:
         log.append("engines built")
-        return Holder("engine", log)
+        return EngineHolder("engine", log)
 
     def start_trainers() -> Holder:
         log.append("trainers built")
@@ -142,7 +205,7 @@ def test_swap_calls_are_timed_into_the_step_times(colocate: bool) -> None:
         with colo.rollout(timer):
             pass
     expected = {
-        "time/trainer_release_memory", "time/engine_resume_memory",
+        "time/trainer_release_memory", "time/engine_resume_weights", "time/engine_resume_memory",
         "time/engine_release_memory", "time/trainer_resume_memory",
     }  # fmt: skip
     assert set(timer.times) == (expected if colocate else set())

@@ -108,7 +108,7 @@ class SGLangRolloutEngine:
         self._merger_releasing = merger if WEIGHTS in self._release_tags else None
         self._adapter_name: str | None = None
         self._names = itertools.count()
-        self._released = False
+        self._released: list[str] = []  # the memory-saver tags off the device now
         self._adapter_dir = tempfile.TemporaryDirectory(prefix="sglang-lora-")
 
     def generate(
@@ -220,13 +220,24 @@ class SGLangRolloutEngine:
         self._engine.release_memory_occupation(tags=self._release_tags)
         if self._merger_releasing is not None:
             self._merger_releasing.release()
-        self._released = True
+        self._released = list(self._release_tags)
+
+    def resume_weights(self) -> None:
+        """SGLang's weights back (where they were released), and the merger's base with them;
+        the KV cache and CUDA graphs stay released until `resume_memory`."""
+        if WEIGHTS in self._released:
+            self._resume([WEIGHTS])
 
     def resume_memory(self) -> None:
-        self._engine.resume_memory_occupation(tags=self._release_tags)
-        if self._merger_releasing is not None:
+        self._resume(self._released)
+
+    def _resume(self, tags: list[str]) -> None:
+        if not tags:
+            return
+        self._engine.resume_memory_occupation(tags=list(tags))
+        if WEIGHTS in tags and self._merger_releasing is not None:
             self._merger_releasing.restore()
-        self._released = False
+        self._released = [tag for tag in self._released if tag not in tags]
 
     @contextmanager
     def device_profile(self, output_dir: Path) -> Iterator[list[Path]]:

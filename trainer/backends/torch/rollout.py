@@ -163,6 +163,7 @@ class HFRolloutEngine:
         self.model_path = model_path
         self.adapter_version: int | None = None
         self._tokenizer: Any = None
+        self._released = False
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -303,12 +304,19 @@ class HFRolloutEngine:
             if self.merger is not None:
                 self.merger.release()
             empty_cache(self.device)
+            self._released = True
 
-    def resume_memory(self) -> None:
-        if self.device.type != "cpu":
+    def resume_weights(self) -> None:
+        """The model back on the device: all this engine holds there (no KV cache is kept
+        between calls), so `resume_memory` after it has nothing left to do."""
+        if self._released:
             self.model.to(self.device)
             if self.merger is not None:
                 self.merger.restore()
+            self._released = False
+
+    def resume_memory(self) -> None:
+        self.resume_weights()
 
 
 def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> HFRolloutEngine:

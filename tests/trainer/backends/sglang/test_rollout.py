@@ -240,6 +240,42 @@ def test_merged_the_kept_base_leaves_the_gpu_with_sglangs_weights(
     assert merger.calls == calls
 
 
+@pytest.mark.parametrize(
+    ("server_args", "weights", "rest"),
+    [
+        (
+            {"enable_weights_cpu_backup": True},
+            [("resume", ("weights",))],
+            ("kv_cache", "cuda_graph"),
+        ),
+        ({}, [], ("kv_cache", "cuda_graph")),  # the weights never left
+    ],
+)
+def test_merged_weights_are_loaded_before_the_kv_cache_comes_back(
+    server_args: dict[str, Any], weights: list[tuple], rest: tuple[str, ...]
+) -> None:
+    """The merged buffer (6.8 GiB at Qwen3-4B) is made while SGLang's KV cache is still
+    released: beside it, at a fraction of 0.85 for 8,192-token responses, it did not fit."""
+    sglang, merger = WeightsEngine(), StubMerger()
+    engine = SGLangRolloutEngine(sglang, server_args, pack=lambda t: [b"merged"], merger=merger)
+    engine.release_memory()
+    sglang.calls.clear()
+    engine.resume_weights()
+    assert merger.calls[1:] == (["restore"] if weights else [])
+    with pytest.raises(RuntimeError, match="released"):
+        engine.generate([[1]], SamplingParams(max_new_tokens=1))
+    engine.load_adapter(_adapter(2))
+    engine.resume_memory()
+    engine.generate([[1]], SamplingParams(max_new_tokens=1))
+    assert sglang.calls == [
+        *weights,
+        ("update", [b"merged"], "flattened_bucket", True),
+        ("resume", rest),
+        ("generate", None),
+    ]
+    assert merger.calls == (["release", "restore"] if weights else [])
+
+
 def test_merged_the_adapter_replaces_the_weights_and_no_adapter_is_named() -> None:
     packed: list[list[str]] = []
 

@@ -396,6 +396,7 @@ def test_memory_release_and_resume_keep_the_model_usable_on_cpu(model_dir):
     trainer = make_trainer(model_dir)
     engine.release_memory()
     trainer.release_memory()
+    engine.resume_weights()
     engine.resume_memory()
     trainer.resume_memory()
     _, batch = batch_of(engine, [1.0, 0.0, -1.0])
