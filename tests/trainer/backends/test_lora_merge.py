@@ -105,6 +105,28 @@ def test_released_base_weights_come_back_from_their_host_copy(model_dir, trained
     assert all(torch.equal(first[k], again[k]) for k in first)
 
 
+def test_a_base_on_the_device_only_to_merge_is_read_from_the_checkpoint_once(model_dir, trained):
+    """SGLang's engine where its weights leave the GPU: restore, merge, release, each update.
+    The first restore finds no host copy and the merge reads the checkpoint; the later ones
+    merge from the host copy."""
+    adapter = trained.export_adapter()
+    reads: list[list[str]] = []
+
+    def load_base(names: list[str]) -> dict[str, torch.Tensor]:
+        reads.append(names)
+        return read_weights(Path(model_dir), names, torch.float32)
+
+    merger = LoraMerger(load_base, "cpu", torch.float32)
+    merged = []
+    for _ in range(3):
+        merger.restore()
+        merged.append({k: v.clone() for k, v in merger.merge(adapter).items()})
+        merger.release()
+        assert merger.base == {}
+    assert len(reads) == 1
+    assert all(torch.equal(merged[0][k], later[k]) for later in merged[1:] for k in later)
+
+
 def test_an_engine_merging_into_the_trainer_s_base_scores_as_one_with_its_own(model_dir, trained):
     adapter = trained.export_adapter()
     own, borrowing = (HFRolloutEngine(model_dir, merged=True) for _ in range(2))

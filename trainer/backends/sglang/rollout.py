@@ -104,7 +104,9 @@ class SGLangRolloutEngine:
             if server_args.get("enable_weights_cpu_backup")
             else [KV_CACHE, CUDA_GRAPH]
         )
-        # the base weights the merger keeps leave the GPU with SGLang's own, where those do
+        # where SGLang's own weights leave the GPU, the merger's base is on it only to merge
+        # (`_load_merged`): its host copy, made once, goes back for each merge and is dropped
+        # after, so the rollout, KV cache and all, never holds it
         self._merger_releasing = merger if WEIGHTS in self._release_tags else None
         self._adapter_name: str | None = None
         self._names = itertools.count()
@@ -182,6 +184,8 @@ class SGLangRolloutEngine:
 
     def _load_merged(self, adapter: LoraAdapter) -> None:
         started = time.perf_counter()
+        if self._merger_releasing is not None:
+            self._merger_releasing.restore()
         merged = self._merger.merge(adapter)
         payloads = self._pack(merged)
         packed = time.perf_counter()
@@ -194,7 +198,10 @@ class SGLangRolloutEngine:
         # SGLang copied them: their buffer goes back to the device, not to this process's
         # cache, where a colocated trainer in another process could not use it
         del merged, payloads
-        empty_cache(self._merger.device)
+        if self._merger_releasing is not None:
+            self._merger_releasing.release()  # the base too (its host copy kept)
+        else:
+            empty_cache(self._merger.device)
         LOG.info(
             "adapter v%d merged into %d weights in %.3f s, loaded in %.3f s",
             adapter.version, count, packed - started, time.perf_counter() - packed,
@@ -218,13 +225,11 @@ class SGLangRolloutEngine:
 
     def release_memory(self) -> None:
         self._engine.release_memory_occupation(tags=self._release_tags)
-        if self._merger_releasing is not None:
-            self._merger_releasing.release()
         self._released = list(self._release_tags)
 
     def resume_weights(self) -> None:
-        """SGLang's weights back (where they were released), and the merger's base with them;
-        the KV cache and CUDA graphs stay released until `resume_memory`."""
+        """SGLang's weights back, where they were released; the KV cache and CUDA graphs stay
+        released until `resume_memory`."""
         if WEIGHTS in self._released:
             self._resume([WEIGHTS])
 
@@ -235,8 +240,6 @@ class SGLangRolloutEngine:
         if not tags:
             return
         self._engine.resume_memory_occupation(tags=list(tags))
-        if WEIGHTS in tags and self._merger_releasing is not None:
-            self._merger_releasing.restore()
         self._released = [tag for tag in self._released if tag not in tags]
 
     @contextmanager

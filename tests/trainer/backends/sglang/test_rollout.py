@@ -217,6 +217,7 @@ class StubMerger:
 
     def merge(self, adapter: LoraAdapter) -> FlatTensors:
         self.merged.append(adapter)
+        self.calls.append("merge")
         return FlatTensors.pack({"model.layers.0.self_attn.q_proj.weight": torch.ones(4, 4)})
 
     def release(self) -> None:
@@ -228,15 +229,22 @@ class StubMerger:
 
 @pytest.mark.parametrize(
     ("server_args", "calls"),
-    [({"enable_weights_cpu_backup": True}, ["release", "restore"]), ({}, [])],
+    [({"enable_weights_cpu_backup": True}, ["restore", "merge", "release"]), ({}, ["merge"])],
 )
-def test_merged_the_kept_base_leaves_the_gpu_with_sglangs_weights(
+def test_where_sglangs_weights_leave_the_gpu_the_merge_base_is_on_it_only_to_merge(
     server_args: dict[str, Any], calls: list[str]
 ) -> None:
+    """Its host copy comes back for each merge and is dropped after: a rollout at 8,192-token
+    responses has the 6.8 GiB (Qwen3-4B) for its KV cache; without the CPU backup SGLang's
+    weights and the merge base stay resident."""
     merger = StubMerger()
     engine = SGLangRolloutEngine(WeightsEngine(), server_args, pack=lambda t: [b""], merger=merger)
     engine.release_memory()
+    engine.resume_weights()
+    assert merger.calls == []
+    engine.load_adapter(_adapter(2))
     engine.resume_memory()
+    engine.release_memory()
     assert merger.calls == calls
 
 
@@ -261,7 +269,6 @@ def test_merged_weights_are_loaded_before_the_kv_cache_comes_back(
     engine.release_memory()
     sglang.calls.clear()
     engine.resume_weights()
-    assert merger.calls[1:] == (["restore"] if weights else [])
     with pytest.raises(RuntimeError, match="released"):
         engine.generate([[1]], SamplingParams(max_new_tokens=1))
     engine.load_adapter(_adapter(2))
@@ -273,7 +280,6 @@ def test_merged_weights_are_loaded_before_the_kv_cache_comes_back(
         ("resume", rest),
         ("generate", None),
     ]
-    assert merger.calls == (["release", "restore"] if weights else [])
 
 
 def test_merged_the_adapter_replaces_the_weights_and_no_adapter_is_named() -> None:
