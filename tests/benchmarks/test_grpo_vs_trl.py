@@ -668,7 +668,8 @@ def test_ours_config_takes_the_sized_fraction_unless_the_ours_flags_set_one(
     bench, tmp_path, capsys
 ):
     """At its most (0.85) the fraction is not said to hold a step's KV cache: at 8,192-token
-    responses of the Qwen3-4B shape it held 427,191 of 675,840 tokens (H100, 2026-12-06)."""
+    responses of the Qwen3-4B shape it held 427,191 tokens, where the step's samples reach
+    540,672 (H100, 2026-12-06)."""
     spec = tiny_spec(bench, tmp_path, device="cuda", rollout_backend="sglang")
     bench.prepare_inputs(spec, rows=8)
 
