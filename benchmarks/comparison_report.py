@@ -107,7 +107,7 @@ def report(
             continue
         s = r["summary"]
         peak = f"{r['peak'] / GIB:.2f}"
-        allocated = f"{r['allocated'] / GIB:.2f}" if cuda else "n/a"
+        allocated = "n/a" if not cuda or r["allocated"] is None else f"{r['allocated'] / GIB:.2f}"
         reserved = "n/a" if r["reserved"] is None else f"{r['reserved'] / GIB:.2f}"
         print(
             f"{name:<8} {len(r['times']):>5} {s['median']:>9.3f} {s['min']:>8.3f} "

@@ -87,7 +87,7 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, path: SystemPath, c
                     conn.send(asdict(step))
             finally:  # SGLang's engine processes end with it, on a failure too
                 system.close()
-        if allocated is None:  # verl's actor is in Ray's processes: verl says its peaks
+        if kind != "verl":  # verl's actor is in Ray's processes: verl says its peaks
             cuda = spec.device.startswith("cuda")
             allocated = torch.cuda.max_memory_allocated() if cuda else 0
             reserved = torch.cuda.max_memory_reserved() if cuda else None

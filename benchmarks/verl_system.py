@@ -211,12 +211,14 @@ def step_time(record: dict[str, Any], step_s: float, rows: int, prompt_len: int)
     }
 
 
-def actor_peaks(records: list[dict[str, Any]]) -> tuple[int, int]:
+def actor_peaks(records: list[dict[str, Any]]) -> tuple[int | None, int | None]:
     """The actor's peak torch allocation and reservation over `records`, in bytes: its
-    ``perf/max_memory_{allocated,reserved}_gb``, which the V1 trainer logs under ``actor/``."""
+    ``perf/max_memory_{allocated,reserved}_gb``, which the V1 trainer logs under ``actor/``;
+    None where no record has it (the report says n/a, not 0)."""
 
-    def peak(key: str) -> int:
-        return round(max((r["data"].get(key, 0.0) for r in records), default=0.0) * 2**30)
+    def peak(key: str) -> int | None:
+        found = [r["data"][key] for r in records if key in r["data"]]
+        return round(max(found) * 2**30) if found else None
 
     return peak(f"{ACTOR_PEAK}allocated_gb"), peak(f"{ACTOR_PEAK}reserved_gb")
 
@@ -261,7 +263,7 @@ def run(
     memory: PeakMemory,
     versions: dict[str, str],
     prompts: list[str],
-) -> tuple[int, int]:
+) -> tuple[int | None, int | None]:
     """The verl worker: verl trains `steps` steps on its own, in this process's main thread (Ray
     sets its signal handlers there); a thread answers every "step" command from the parent with
     the next step verl logged. Returns the actor's peak torch allocation and reservation over

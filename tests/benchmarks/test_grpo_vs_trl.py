@@ -1058,6 +1058,8 @@ def test_verls_logged_steps_are_read_as_they_land(bench, tmp_path):
     }  # fmt: skip
     assert bench.StepTime(**step).rollout_s == 2.5
     assert verl_system().actor_peaks([first, second]) == (30 * 2**30, 32 * 2**30)
+    unprefixed = {"step": 3, "data": {"perf/max_memory_allocated_gb": 1.0}}
+    assert verl_system().actor_peaks([unprefixed]) == (None, None)  # n/a, not a false 0
 
 
 def stand_in_verl(monkeypatch, run_ppo):
