@@ -33,6 +33,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that take the CPU launcher's slot (`cpu_launcher_slot`) run in turn anyway, and
+    are the suite's longest: they run first, back to back. Under ``pytest -n 2`` xdist's load
+    scheduling hands each worker a first chunk of consecutive tests (a quarter of its share), so
+    they land on one worker and the other runs the rest, instead of waiting on the slot's lock
+    (pytest-xdist's ``--dist loadgroup`` would say so by marker, but with pytest 9.2 it no longer
+    groups: it renames ``item._nodeid``, which pytest's node ids stopped reading)."""
+    items.sort(key=lambda item: "cpu_launcher_slot" not in getattr(item, "fixturenames", ()))
+
+
 @pytest.fixture
 def launcher_snapshot(snapshot, request):
     """The stored snapshot of a recording name (plain text under tests/snapshots/), via syrupy.
