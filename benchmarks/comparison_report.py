@@ -92,7 +92,8 @@ def report(
         f"{spec.prompts} prompts x {spec.samples} samples, {spec.prompt_len} prompt + "
         f"{spec.response_len} response tokens, LoRA r=64 all-linear, "
         f"{'tiny model' if spec.tiny else spec.shape + ' shape'}, {spec.device}, gradient "
-        f"checkpointing {'on' if spec.gradient_checkpointing else 'off'}"
+        f"checkpointing {'on' if spec.gradient_checkpointing else 'off'}, KV cache "
+        f"{'in the model dtype' if spec.kv_cache_dtype == 'auto' else spec.kv_cache_dtype}"
     )
     header = (
         f"{'system':<8} {'steps':>5} {'median s':>9} {'min s':>8} {'max s':>8} "

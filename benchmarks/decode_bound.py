@@ -43,10 +43,11 @@ def bound_bandwidth(given: float | None, device_name: str) -> tuple[float | None
 
 def decode_bound(spec: Spec, hbm_tbps: float, params: int, lora_params: int) -> float:
     """Tokens/s the decode of one rollout cannot exceed at `hbm_tbps`: every decode step reads
-    all weights (bf16) and LoRA weights once, and each sequence's KV cache so far."""
+    all weights (bf16) and LoRA weights once, and each sequence's KV cache so far (in
+    `spec.kv_cache_dtype`'s format)."""
     shape = spec.model_shape
     kv_per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"]
-    kv_per_token *= shape["head_dim"] * 2  # K and V, bf16
+    kv_per_token *= shape["head_dim"] * spec.kv_element_bytes  # K and V
     rows = spec.prompts * spec.samples
     weights = 2 * (params + lora_params)
     mean_context = spec.prompt_len + spec.response_len / 2

@@ -55,7 +55,10 @@ text's length).
 `enable_gradient_checkpointing`): long responses (`--response-len 4096` or the seed's 8192 at
 `--shape qwen3-4b`) need it or smaller micro-batches. `--vllm-memory` sets the GPU share of the
 vLLM systems' engines (trl-vllm, unsloth, verl; otherwise each one's default: TRL 0.3, Unsloth
-and verl 0.5).
+and verl 0.5). `--kv-cache-dtype fp8` keeps every engine's KV cache in 8-bit floating point
+(e4m3: ours' `--sglang-kv-cache-dtype fp8_e4m3`, Unsloth's `float8_kv_cache`, verl's vLLM
+`kv_cache_dtype fp8`): half the bytes per token of context to hold and to read in each decode
+step, the same format for every system that takes it (trl and trl-vllm do not; refused).
 
 Each system lives in its own worker process; after `--warmup` steps each, the parent makes them
 take their timed steps in turn (ours, trl, trl-vllm, ours, ...; `--trl-steps` etc. give one
@@ -120,6 +123,7 @@ from benchmarks.peak_memory import device_used
 from benchmarks.system_worker import SystemPath, Worker, WorkerFailed, out_of_memory
 from benchmarks.trl_system import UNSLOTH_VLLM_MEMORY
 from benchmarks.workload import (
+    KV_CACHE_DTYPES,
     MODEL_SHAPES,
     RUN_LOCAL,
     Spec,
@@ -129,6 +133,7 @@ from benchmarks.workload import (
 
 SYSTEMS = ("ours", "trl", "trl-vllm", "unsloth", "verl")
 VLLM_SYSTEMS = ("trl-vllm", "unsloth", "verl")
+KV_CACHE_FIXED = ("trl", "trl-vllm")  # no setting for the KV cache's format (--kv-cache-dtype)
 
 
 # ---------------------------------------------------------------------------- machine
@@ -263,6 +268,14 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         f"own: TRL 0.3, Unsloth {UNSLOTH_VLLM_MEMORY}, verl 0.5)",
     )
     parser.add_argument(
+        "--kv-cache-dtype",
+        choices=tuple(KV_CACHE_DTYPES),
+        default="auto",
+        help="every engine's KV cache: the model's dtype (auto), or 8-bit floating point (fp8, "
+        "e4m3: ours' SGLang fp8_e4m3, Unsloth's float8_kv_cache, verl's vLLM fp8; trl and "
+        "trl-vllm have no such setting)",
+    )
+    parser.add_argument(
         "--hbm-tbps",
         type=float,
         help="HBM bandwidth in TB/s for the decode bound (default: the device's, by its name: "
@@ -309,6 +322,20 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         parser.error(f"--systems {kind}: vLLM needs --device cuda")
     if "verl" in systems and not options.one_at_a_time:
         parser.error("--systems verl: verl runs its own loop unpaced, so it needs --one-at-a-time")
+    if options.kv_cache_dtype != "auto":
+        unable = [kind for kind in systems if kind in KV_CACHE_FIXED]
+        if unable:
+            parser.error(
+                f"--kv-cache-dtype {options.kv_cache_dtype}: {', '.join(unable)} keep the KV "
+                "cache in the model's dtype (TRL 1.15 passes no KV-cache format to vLLM; "
+                "transformers' generate has none): leave them out of --systems"
+            )
+        if "ours" in systems and (options.rollout_backend == "hf" or options.device == "cpu"):
+            parser.error(
+                f"--kv-cache-dtype {options.kv_cache_dtype}: ours' transformers engine (the "
+                "CPU's, or --rollout-backend hf) keeps the KV cache in the model's dtype: run "
+                "ours with SGLang on --device cuda"
+            )
     if options.vllm_memory is not None and not 0 < options.vllm_memory <= 1:
         parser.error(f"--vllm-memory {options.vllm_memory}: a share of the GPU, in (0, 1]")
     options.systems = systems
@@ -352,6 +379,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         ),
         gradient_checkpointing=options.gradient_checkpointing,
         vllm_memory=options.vllm_memory,
+        kv_cache_dtype=options.kv_cache_dtype,
         inputs=str(options.inputs.resolve()) if options.inputs else "",
     )
     if spec.prompt_len + spec.response_len > spec.max_positions:

@@ -21,6 +21,7 @@ SGLANG_FLAGS = (
     "--sglang-sampling-backend pytorch --sglang-cuda-graph-max-bs-decode 64 "
     "--sglang-disable-prefill-cuda-graph --sglang-log-level warning"
 )
+SGLANG_KV_CACHE_DTYPES = {"fp8": "fp8_e4m3"}  # `--kv-cache-dtype` -> --sglang-kv-cache-dtype
 # ours' --sglang-mem-fraction-static where that holds the KV cache of a step (`engine_fraction`)
 FRACTION_FLAG = "--sglang-mem-fraction-static"
 SGLANG_FRACTION = 0.15
@@ -81,7 +82,10 @@ def kv_cache_tokens(spec: Spec) -> int:
 
 def sglang_flags(spec: Spec) -> list[str]:
     """Ours' SGLang flags but its fraction (`SGLANG_FRACTION`, else `engine_fraction`)."""
-    return [*shlex.split(SGLANG_FLAGS), "--sglang-max-total-tokens", str(kv_cache_tokens(spec))]
+    flags = [*shlex.split(SGLANG_FLAGS), "--sglang-max-total-tokens", str(kv_cache_tokens(spec))]
+    if spec.kv_cache_dtype != "auto":
+        flags += ["--sglang-kv-cache-dtype", SGLANG_KV_CACHE_DTYPES[spec.kv_cache_dtype]]
+    return flags
 
 
 def engine_fraction(spec: Spec, config: TrainConfig, free: int) -> float:
@@ -89,9 +93,11 @@ def engine_fraction(spec: Spec, config: TrainConfig, free: int) -> float:
     `SGLANG_FRACTION`, and as much as SGLang needs to size a KV cache of the step's samples
     (`kv_cache_tokens`) up to `SGLANG_FRACTION_MAX`. At the Qwen3-4B shape on an 80 GB GPU 0.15
     holds 31,293 of the 49,152 tokens the step's samples reach, and SGLang would decode them in
-    turns (`memory_estimate.sglang_kv_tokens`)."""
+    turns (`memory_estimate.sglang_kv_tokens`). The KV cache in the format `config` gives
+    SGLang (``--kv-cache-dtype``, or ``--sglang-kv-cache-dtype`` in ``--ours-flags``)."""
     from trainer.backends import registry
-    from trainer.backends.sglang.args import LORA_SLOTS
+    from trainer.backends.sglang import kv_format
+    from trainer.backends.sglang.args import LORA_SLOTS, coerce_extra
     from trainer.job import memory_estimate, model_shape
 
     shape = model_shape.read(
@@ -99,12 +105,14 @@ def engine_fraction(spec: Spec, config: TrainConfig, free: int) -> float:
         lora_rank=config.lora.lora_rank,
         lora_targets=registry.adapter_targets(config).hf,
     )
+    kv_cache_dtype = coerce_extra(config.sglang.sglang_extra).get("kv_cache_dtype")
     needed = memory_estimate.sglang_fraction(
         shape,
         kv_tokens=kv_cache_tokens(spec),
         free=free,
         dtype_bytes=2,
         adapter_slots=0 if config.lora.merged else LORA_SLOTS,
+        kv_element_bytes=kv_format.element_bytes(kv_cache_dtype, 2),
     )
     return min(SGLANG_FRACTION_MAX, max(SGLANG_FRACTION, needed))
 

@@ -89,6 +89,7 @@ def unsloth_model_kwargs(spec: Spec) -> dict[str, Any]:
         "gpu_memory_utilization": UNSLOTH_VLLM_MEMORY
         if spec.vllm_memory is None
         else spec.vllm_memory,
+        "float8_kv_cache": spec.kv_cache_dtype == "fp8",  # vLLM's kv_cache_dtype "fp8"
         "fix_tokenizer": False,
         "random_state": spec.seed,
     }

@@ -92,6 +92,7 @@ def config_changes(spec: Spec, steps: int) -> dict[str, Any]:
     actor = "actor_rollout_ref.actor"
     rollout = "actor_rollout_ref.rollout"
     model = "actor_rollout_ref.model"
+    kv_cache = {"vllm": {"kv_cache_dtype": "fp8"}} if spec.kv_cache_dtype == "fp8" else {}
     return {
         "algorithm.adv_estimator": "grpo",
         "algorithm.use_kl_in_reward": False,
@@ -125,6 +126,7 @@ def config_changes(spec: Spec, steps: int) -> dict[str, Any]:
         f"{rollout}.n": spec.samples,
         f"{rollout}.tensor_model_parallel_size": 1,
         f"{rollout}.gpu_memory_utilization": vllm_memory,
+        f"{rollout}.engine_kwargs": kv_cache,  # merged into verl's: vLLM's engine arguments
         f"{rollout}.ignore_eos": True,  # every response as long as asked
         f"{rollout}.temperature": 1.0,
         f"{rollout}.log_prob_micro_batch_size_per_gpu": spec.micro_batch,

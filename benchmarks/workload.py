@@ -21,6 +21,9 @@ MODEL_SHAPES = {
     "qwen3-0.6b": {**SHAPES["qwen3-0.6b"], "num_hidden_layers": 28, "vocab_size": 151936},
     "qwen3-4b": SHAPES["qwen3-4b"],
 }
+# `--kv-cache-dtype`: every engine's KV cache in the model's dtype (bf16), or in 8-bit floating
+# point (e4m3: SGLang's fp8_e4m3, vLLM's fp8), bytes per element
+KV_CACHE_DTYPES = {"auto": 2.0, "fp8": 1.0}
 
 
 @dataclass
@@ -44,7 +47,13 @@ class Spec:
     vllm_sleep: bool = True  # trl-vllm: vLLM's sleep mode (grpo_vs_trl.py's docstring)
     gradient_checkpointing: bool = False  # every system's own (grpo_vs_trl.py's docstring)
     vllm_memory: float | None = None  # the vLLM systems' GPU share; None: each one's default
+    kv_cache_dtype: str = "auto"  # every engine's KV cache: a KV_CACHE_DTYPES key
     inputs: str = ""  # `--inputs`: the model and prompts kept here for later runs; "": in `work`
+
+    @property
+    def kv_element_bytes(self) -> float:
+        """Bytes of one K or V element in every system's KV cache."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype]
 
     @property
     def model_shape(self) -> dict[str, Any]:

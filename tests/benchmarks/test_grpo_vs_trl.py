@@ -74,6 +74,10 @@ def test_decode_bound(bench):
     per_step = (2 * (base + lora) + 64 * 512 * 114_688) / 4.8e12
     assert decode_bound.decode_bound(spec, 4.8, base, lora) == pytest.approx(64 / per_step)
     assert decode_bound.decode_bound(spec, 9.6, base, lora) == pytest.approx(2 * 64 / per_step)
+    # an 8-bit KV cache: half the KV bytes per decode step
+    fp8 = full_spec(bench, kv_cache_dtype="fp8")
+    per_step = (2 * (base + lora) + 64 * 512 * 114_688 / 2) / 4.8e12
+    assert decode_bound.decode_bound(fp8, 4.8, base, lora) == pytest.approx(64 / per_step)
 
 
 def test_summary(bench):
@@ -101,6 +105,17 @@ def test_summary(bench):
         (["--systems", "verl", "--one-at-a-time"], "--systems verl: vLLM needs --device cuda"),
         (["--verl-path", "/no/such/dir"], "--verl-path: /no/such/dir is not a directory"),
         (["--vllm-memory", "1.5"], "--vllm-memory 1.5: a share of the GPU, in (0, 1]"),
+        (
+            ["--kv-cache-dtype", "fp8"],
+            "--kv-cache-dtype fp8: trl keep the KV cache in the model's dtype (TRL 1.15 passes "
+            "no KV-cache format to vLLM; transformers' generate has none): leave them out of "
+            "--systems",
+        ),
+        (
+            ["--kv-cache-dtype", "fp8", "--systems", "ours"],
+            "--kv-cache-dtype fp8: ours' transformers engine (the CPU's, or --rollout-backend "
+            "hf) keeps the KV cache in the model's dtype: run ours with SGLang on --device cuda",
+        ),
         (
             ["--response-len", "500"],
             "--prompt-len 16 + --response-len 500 tokens: over the 512 positions of the tiny model",
@@ -664,6 +679,43 @@ def test_ours_sglang_fraction_holds_a_step_s_kv_cache_on_the_device_at_hand(benc
     assert ours_system.engine_fraction(spec, config, free=needed) == 0.85
 
 
+def test_an_8_bit_kv_cache_is_every_engine_s_same_format(bench, tmp_path):
+    """``--kv-cache-dtype fp8``: ours' SGLang in fp8_e4m3, sized for half the bytes per token;
+    Unsloth's vLLM with its float8_kv_cache; verl's vLLM engine with kv_cache_dtype fp8."""
+    from trainer.arguments import parse_args
+    from trainer.backends import registry
+    from trainer.job import memory_estimate, model_shape
+
+    spec = tiny_spec(bench, tmp_path, device="cuda", rollout_backend="sglang")
+    fp8 = tiny_spec(bench, tmp_path, device="cuda", rollout_backend="sglang", kv_cache_dtype="fp8")
+    bench.prepare_inputs(spec, rows=8)
+    config = parse_args(ours_system.ours_argv(spec, steps=1))
+    config_fp8 = parse_args(ours_system.ours_argv(fp8, steps=1))
+    assert "kv-cache-dtype" not in config.sglang.sglang_extra
+    assert config_fp8.sglang.sglang_extra["kv-cache-dtype"] == "fp8_e4m3"
+    shape = model_shape.read(
+        Path(spec.model_dir), lora_rank=64, lora_targets=registry.adapter_targets(config).hf
+    )
+    tokens = ours_system.kv_cache_tokens(spec)
+    needed = {
+        element: memory_estimate.engine_memory(
+            shape, dtype_bytes=2, kv_tokens=tokens, adapter_slots=2, kv_element_bytes=element
+        )
+        for element in (2.0, 1.0)
+    }
+    free = 4 * needed[2.0]
+    assert ours_system.engine_fraction(spec, config, free) == 0.25
+    fraction = ours_system.engine_fraction(fp8, config_fp8, free)
+    assert fraction == math.ceil(100 * needed[1.0] / free) / 100 < 0.25
+    assert not trl_system.unsloth_model_kwargs(spec)["float8_kv_cache"]
+    assert trl_system.unsloth_model_kwargs(fp8)["float8_kv_cache"]
+    rollout = "actor_rollout_ref.rollout"
+    assert verl_system().config_changes(spec, steps=1)[f"{rollout}.engine_kwargs"] == {}
+    assert verl_system().config_changes(fp8, steps=1)[f"{rollout}.engine_kwargs"] == {
+        "vllm": {"kv_cache_dtype": "fp8"}
+    }
+
+
 def test_ours_config_takes_the_sized_fraction_unless_the_ours_flags_set_one(
     bench, tmp_path, capsys
 ):
@@ -788,6 +840,7 @@ def test_the_long_response_bound_and_an_out_of_memory_system_are_reported(bench,
     assert f"unsloth  does not fit (out of memory) at warm-up: {oom}" in out
     assert f"roofline ours: rollout 8738 tok/s vs HBM bound {64 / per_step:.0f} tok/s" in out
     assert "8192 response tokens" in out and "gradient checkpointing off" in out
+    assert "KV cache in the model dtype" in out
 
 
 def test_a_saved_run_is_reported_on_any_machine(bench, tmp_path, capsys):
@@ -1010,9 +1063,11 @@ def test_verls_config_has_every_key_the_benchmark_changes(bench, tmp_path):
         pytest.skip("verl is not installed")
     from omegaconf import OmegaConf
 
-    spec = full_spec(bench, work=str(tmp_path))
+    spec = full_spec(bench, work=str(tmp_path), kv_cache_dtype="fp8")
     config = verl_system().compose(spec, steps=3)
     assert OmegaConf.select(config, "actor_rollout_ref.rollout.response_length") == 512
+    engine = OmegaConf.select(config, "actor_rollout_ref.rollout.engine_kwargs")
+    assert engine.vllm == {"kv_cache_dtype": "fp8"} and "sglang" in engine  # merged, not replaced
     assert OmegaConf.select(config, "actor_rollout_ref.actor.rollout_n") == 8
     env = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars")
     assert env == {"VERL_FILE_LOGGER_PATH": str(tmp_path / "verl" / "metrics.jsonl")}

@@ -17,6 +17,7 @@ from pathlib import Path
 from trainer.arguments import PROG
 from trainer.backends import registry, shared_base
 from trainer.backends.sglang import args as sglang_args
+from trainer.backends.sglang import kv_format
 from trainer.config import TrainConfig
 from trainer.errors import UsageError
 from trainer.job import memory_estimate, model_shape
@@ -83,20 +84,33 @@ def sglang_engine(
     """SGLang's share and how it was reckoned: its static `fraction` of the GPU, or less where
     ``--sglang-max-total-tokens`` caps its KV cache; and where the KV cache SGLang sizes from
     `fraction` holds fewer tokens than the rollout's samples at once, that too (SGLang then
-    decodes them in turns, reading its weights once per turn's decode step)."""
+    decodes them in turns, reading its weights once per turn's decode step). The KV cache in
+    ``--sglang-kv-cache-dtype``'s format (`kv_format`)."""
     static = memory_estimate.static_engine_memory(fraction, device.total)
     source = f"--sglang-mem-fraction-static {fraction:g} of the GPU"
-    cap = sglang_args.coerce_extra(config.sglang.sglang_extra).get("max_total_tokens")
+    extra = sglang_args.coerce_extra(config.sglang.sglang_extra)
+    cap = extra.get("max_total_tokens")
     rollout = engine_sequences(config) * sequence_tokens(config)
     tokens = cap if cap is not None else rollout
     slots = 0 if config.lora.merged else sglang_args.LORA_SLOTS
+    kv_bytes = kv_format.element_bytes(extra.get("kv_cache_dtype"), dtype_bytes)
     held = memory_estimate.sglang_kv_tokens(
-        shape, fraction=fraction, free=device.free, dtype_bytes=dtype_bytes, adapter_slots=slots
+        shape,
+        fraction=fraction,
+        free=device.free,
+        dtype_bytes=dtype_bytes,
+        adapter_slots=slots,
+        kv_element_bytes=kv_bytes,
     )
     needed = min(tokens, rollout)
     if held < needed:
         enough = memory_estimate.sglang_fraction(
-            shape, kv_tokens=needed, free=device.free, dtype_bytes=dtype_bytes, adapter_slots=slots
+            shape,
+            kv_tokens=needed,
+            free=device.free,
+            dtype_bytes=dtype_bytes,
+            adapter_slots=slots,
+            kv_element_bytes=kv_bytes,
         )
         return static, (
             f"{source}, whose KV cache holds {held} tokens, fewer than the {needed} of the "
@@ -104,7 +118,11 @@ def sglang_engine(
             f"{enough:g} holds them)"
         )
     capped = memory_estimate.engine_memory(
-        shape, dtype_bytes=dtype_bytes, kv_tokens=tokens, adapter_slots=slots
+        shape,
+        dtype_bytes=dtype_bytes,
+        kv_tokens=tokens,
+        adapter_slots=slots,
+        kv_element_bytes=kv_bytes,
     )
     if capped >= static:
         return static, source

@@ -21,10 +21,11 @@ response (or ``--max-tokens-per-gpu`` tokens with dynamic batching).
 
 The engine's share: SGLang reserves ``--sglang-mem-fraction-static`` of the device's total
 memory for its weights and KV cache, less where ``--sglang-max-total-tokens`` caps the cache
-(weights, adapter buffers and that many tokens' K and V); the transformers engine holds its
-weights and the KV cache of its samples. Both resident fit in what is free on the device at the
-job's start (another process's memory on a shared GPU is not ours to plan with) less `MARGIN`
-of its total (CUDA context, NCCL buffers, allocator fragmentation).
+(weights, adapter buffers and that many tokens' K and V, in ``--sglang-kv-cache-dtype``'s
+format, else the model's dtype); the transformers engine holds its weights and the KV cache of
+its samples. Both resident fit in what is free on the device at the job's start (another
+process's memory on a shared GPU is not ours to plan with) less `MARGIN` of its total (CUDA
+context, NCCL buffers, allocator fragmentation).
 """
 
 from __future__ import annotations
@@ -149,20 +150,38 @@ def static_engine_memory(mem_fraction_static: float, device_total: int) -> int:
     return int(mem_fraction_static * device_total)
 
 
+def kv_bytes_per_token(shape: ModelShape, kv_element_bytes: float) -> float:
+    """K and V of one token over all layers with `kv_element_bytes` per element (2: 16-bit;
+    1: an 8-bit KV cache, ``--sglang-kv-cache-dtype fp8_e4m3``)."""
+    return shape.kv_bytes_per_token_16bit * kv_element_bytes / 2
+
+
 def engine_memory(
-    shape: ModelShape, *, dtype_bytes: int, kv_tokens: int, adapter_slots: int = 0
+    shape: ModelShape,
+    *,
+    dtype_bytes: int,
+    kv_tokens: int,
+    adapter_slots: int = 0,
+    kv_element_bytes: float | None = None,
 ) -> int:
     """An engine's weights, the buffers of `adapter_slots` adapters and a KV cache of
     `kv_tokens` tokens: the transformers engine (its samples' tokens), or SGLang with its cache
     capped (``--sglang-max-total-tokens``; its LoRA slots, none serving merged weights), which
-    stays bounded by its static reservation (`static_engine_memory`) all the same."""
-    kv = shape.kv_bytes_per_token_16bit * dtype_bytes // 2 * kv_tokens
+    stays bounded by its static reservation (`static_engine_memory`) all the same. The KV cache
+    in `kv_element_bytes` per element, None: the model's `dtype_bytes`."""
+    per_token = kv_bytes_per_token(shape, kv_element_bytes or dtype_bytes)
     adapters = adapter_slots * shape.lora_parameters * dtype_bytes
-    return shape.parameters * dtype_bytes + adapters + kv
+    return shape.parameters * dtype_bytes + adapters + int(per_token * kv_tokens)
 
 
 def sglang_kv_tokens(
-    shape: ModelShape, *, fraction: float, free: int, dtype_bytes: int, adapter_slots: int = 0
+    shape: ModelShape,
+    *,
+    fraction: float,
+    free: int,
+    dtype_bytes: int,
+    adapter_slots: int = 0,
+    kv_element_bytes: float | None = None,
 ) -> int:
     """The KV cache, in tokens, that SGLang sizes for itself at ``--sglang-mem-fraction-static
     fraction`` when `free` bytes are free as it starts: `fraction` of them less its weights and
@@ -171,17 +190,27 @@ def sglang_kv_tokens(
     resident = engine_memory(
         shape, dtype_bytes=dtype_bytes, kv_tokens=0, adapter_slots=adapter_slots
     )
-    per_token = shape.kv_bytes_per_token_16bit * dtype_bytes // 2
-    return max(0, int(fraction * free) - resident) // per_token
+    per_token = kv_bytes_per_token(shape, kv_element_bytes or dtype_bytes)
+    return int(max(0, int(fraction * free) - resident) // per_token)
 
 
 def sglang_fraction(
-    shape: ModelShape, *, kv_tokens: int, free: int, dtype_bytes: int, adapter_slots: int = 0
+    shape: ModelShape,
+    *,
+    kv_tokens: int,
+    free: int,
+    dtype_bytes: int,
+    adapter_slots: int = 0,
+    kv_element_bytes: float | None = None,
 ) -> float:
     """The least ``--sglang-mem-fraction-static``, in hundredths, at which SGLang sizes a KV
     cache of `kv_tokens` tokens (`sglang_kv_tokens`) when `free` bytes are free as it starts."""
     needed = engine_memory(
-        shape, dtype_bytes=dtype_bytes, kv_tokens=kv_tokens, adapter_slots=adapter_slots
+        shape,
+        dtype_bytes=dtype_bytes,
+        kv_tokens=kv_tokens,
+        adapter_slots=adapter_slots,
+        kv_element_bytes=kv_element_bytes,
     )
     return math.ceil(100 * needed / free) / 100
 

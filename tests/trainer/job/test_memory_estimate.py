@@ -280,6 +280,51 @@ def test_sglang_sizes_its_kv_cache_from_its_fraction_of_the_free_memory_less_its
             assert less < tokens <= held
 
 
+def test_an_8_bit_kv_cache_holds_twice_the_tokens_of_a_16_bit_one():
+    """The seed's 8,192-token rollout at Qwen3-4B: 64 x (256 + 8,192) tokens. At 0.6 of an
+    H100's 78.6 free GiB, a 16-bit cache holds fewer (SGLang decodes in turns), an 8-bit one
+    all of them; the least fraction that holds them is about half as far above the weights."""
+    h100 = int(78.6 * GIB)
+    rollout = 64 * (256 + 8192)
+    kv = memory_estimate.sglang_kv_tokens
+    bf16 = kv(QWEN3_4B, fraction=0.6, free=h100, dtype_bytes=2)
+    fp8 = kv(QWEN3_4B, fraction=0.6, free=h100, dtype_bytes=2, kv_element_bytes=1.0)
+    assert bf16 < rollout <= fp8
+    assert fp8 in (2 * bf16, 2 * bf16 + 1)
+    weights = QWEN3_4B.parameters * 2
+    for element_bytes in (2.0, 1.0):
+        needed = memory_estimate.engine_memory(
+            QWEN3_4B, dtype_bytes=2, kv_tokens=rollout, kv_element_bytes=element_bytes
+        )
+        kv_part = needed - weights
+        assert kv_part == int(QWEN3_4B.kv_bytes_per_token_16bit * element_bytes / 2 * rollout)
+    fractions = [
+        memory_estimate.sglang_fraction(
+            QWEN3_4B, kv_tokens=rollout, free=h100, dtype_bytes=2, kv_element_bytes=b
+        )
+        for b in (2.0, 1.0)
+    ]
+    assert fractions[1] < 0.6 < fractions[0]
+
+
+def test_the_plan_sizes_sglang_s_kv_cache_in_its_format(model):
+    """The same device and rollout: a 16-bit KV cache falls short at 0.5 and SGLang runs the
+    samples in turns; ``--sglang-kv-cache-dtype fp8_e4m3`` holds them all at the same fraction."""
+    config = parse_args(argv(model, *SGLANG_AUTO, "--rollout-batch-size", "4"))
+    shape = colocate_memory.model_shape_for(config)
+    rollout = colocate_memory.engine_sequences(config) * colocate_memory.sequence_tokens(config)
+    resident = memory_estimate.engine_memory(shape, dtype_bytes=2, kv_tokens=0, adapter_slots=2)
+    free = 2 * (resident + rollout * 3 // 4 * shape.kv_bytes_per_token_16bit)  # 3/4 in 16-bit
+    device = memory_estimate.DeviceMemory(free=free, total=free)
+    line = colocate_memory.estimate(config, shape, device=device).line()
+    assert "SGLang runs them in turns" in line
+    eight_bit = ("--sglang-kv-cache-dtype", "fp8_e4m3")
+    fp8 = parse_args(argv(model, *SGLANG_AUTO, "--rollout-batch-size", "4", *eight_bit))
+    line = colocate_memory.estimate(fp8, shape, device=device).line()
+    assert "in turns" not in line
+    assert "--sglang-max-total-tokens" in line  # it needs less than the fraction reserves
+
+
 def test_a_fraction_too_small_for_the_rollout_s_kv_cache_is_named_with_one_that_holds_it(model):
     """A device whose free memory at 0.5 holds half of the rollout's tokens."""
     config = parse_args(argv(model, *SGLANG_AUTO, "--rollout-batch-size", "4"))

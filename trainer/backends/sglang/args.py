@@ -28,6 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trainer.backends.sglang import kv_format
 from trainer.backends.sglang.server_fields import SERVER_ARGS_FIELDS, SGLANG_VERSION
 from trainer.config.misc import MAX_SEED
 
@@ -313,7 +314,8 @@ def coerce_extra(
 def problems(config: TrainConfig) -> Iterator[str]:
     """The registry's check of ``--rollout-backend sglang``: every ``--sglang-*`` extra is a
     ServerArgs field of the right type; ``--colocate-memory auto`` knows the engine's reservation
-    (``--sglang-mem-fraction-static``); a KV cache capped in tokens holds a sample."""
+    (``--sglang-mem-fraction-static``); the KV-cache format is one the estimate knows; a KV cache
+    capped in tokens holds a sample."""
     fraction = config.sglang.sglang_mem_fraction_static
     if config.placement.colocate_memory == "auto" and fraction is None:
         yield (
@@ -327,6 +329,9 @@ def problems(config: TrainConfig) -> Iterator[str]:
     except SGLangArgError as err:
         yield str(err)
         return
+    kv_problem = kv_format.problem(extra.get("kv_cache_dtype"))
+    if kv_problem:
+        yield kv_problem
     kv_tokens, response = extra.get("max_total_tokens"), config.rollout.rollout_max_response_len
     if kv_tokens is not None and kv_tokens <= response:
         yield (

@@ -143,6 +143,12 @@ def test_a_kv_cache_cap_must_hold_more_than_a_response() -> None:
     assert capped["max_total_tokens"] == 4096
 
 
+def test_a_kv_cache_format_must_be_one_of_sglang_s() -> None:
+    with pytest.raises(UsageError, match=r"--sglang-kv-cache-dtype fp9: not a KV-cache format"):
+        _build("--sglang-kv-cache-dtype", "fp9")
+    assert _build("--sglang-kv-cache-dtype", "fp8_e4m3")["kv_cache_dtype"] == "fp8_e4m3"
+
+
 def test_colocate_without_backup_does_not_keep_a_weights_copy() -> None:
     base = [a for a in AMD_ARGV if a != "--lora-base-cpu-backup"]
     kwargs = _build(base=base)
