@@ -110,7 +110,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,7 @@ from benchmarks.workload import (
 SYSTEMS = ("ours", "trl", "trl-vllm", "unsloth", "verl")
 VLLM_SYSTEMS = ("trl-vllm", "unsloth", "verl")
 KV_CACHE_FIXED = ("trl", "trl-vllm")  # no setting for the KV cache's format (--kv-cache-dtype)
+SPEC_DEFAULTS = {f.name: f.default for f in fields(Spec) if f.default is not MISSING}
 
 
 # ---------------------------------------------------------------------------- machine
@@ -429,7 +430,7 @@ def earlier_results(options: argparse.Namespace, spec: Spec) -> dict[str, dict[s
             f"not on this {machine(spec)}"
         )
     now = {key: value for key, value in asdict(spec).items() if key not in RUN_LOCAL}
-    then = document.get("spec", {})
+    then = {**SPEC_DEFAULTS, **document.get("spec", {})}  # a field added since: its default
     changed = sorted(key for key in now if then.get(key) != now[key])
     if changed:
         raise ValueError(

@@ -531,6 +531,18 @@ def test_resume_refuses_another_workload_or_device_in_one_line(
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_resume_takes_a_field_added_since_the_json_as_its_default(bench, tmp_path):
+    """A run saved before `kv_cache_dtype` existed ran its KV cache in the model's dtype."""
+    out = tmp_path / "results.json"
+    argv = ["--device", "cpu", "--tiny", "--systems", "ours,trl", "--one-at-a-time"]
+    options, spec = bench.parse([*argv, "--json", str(out)])
+    bench.write_json(options, spec, {"ours": {"failed": "x"}})
+    document = json.loads(out.read_text())
+    del document["spec"]["kv_cache_dtype"]
+    out.write_text(json.dumps(document))
+    assert bench.earlier_results(options, spec) == {"ours": {"failed": "x"}}
+
+
 def test_resume_needs_the_one_at_a_time_runs_json(bench, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.parse(["--device", "cpu", "--tiny", "--resume"])
