@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.peak_memory import synchronize
-from benchmarks.workload import Spec, StepTime
+from benchmarks.workload import KV_CACHE_DTYPES, Spec, StepTime
 from trainer.config import TrainConfig
 from trainer.job.memory_estimate import DeviceMemory
 
@@ -21,7 +21,6 @@ SGLANG_FLAGS = (
     "--sglang-sampling-backend pytorch --sglang-cuda-graph-max-bs-decode 64 "
     "--sglang-disable-prefill-cuda-graph --sglang-log-level warning"
 )
-SGLANG_KV_CACHE_DTYPES = {"fp8": "fp8_e4m3"}  # `--kv-cache-dtype` -> --sglang-kv-cache-dtype
 # ours' --sglang-mem-fraction-static where that holds the KV cache of a step (`engine_fraction`)
 FRACTION_FLAG = "--sglang-mem-fraction-static"
 SGLANG_FRACTION = 0.15
@@ -84,7 +83,7 @@ def sglang_flags(spec: Spec) -> list[str]:
     """Ours' SGLang flags but its fraction (`SGLANG_FRACTION`, else `engine_fraction`)."""
     flags = [*shlex.split(SGLANG_FLAGS), "--sglang-max-total-tokens", str(kv_cache_tokens(spec))]
     if spec.kv_cache_dtype != "auto":
-        flags += ["--sglang-kv-cache-dtype", SGLANG_KV_CACHE_DTYPES[spec.kv_cache_dtype]]
+        flags += ["--sglang-kv-cache-dtype", KV_CACHE_DTYPES[spec.kv_cache_dtype]]
     return flags
 
 

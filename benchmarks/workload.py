@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.backends.sglang import kv_format
 from trainer.tiny import SHAPES
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -22,8 +23,8 @@ MODEL_SHAPES = {
     "qwen3-4b": SHAPES["qwen3-4b"],
 }
 # `--kv-cache-dtype`: every engine's KV cache in the model's dtype (bf16), or in 8-bit floating
-# point (e4m3: SGLang's fp8_e4m3, vLLM's fp8), bytes per element
-KV_CACHE_DTYPES = {"auto": 2.0, "fp8": 1.0}
+# point (e4m3: vLLM's fp8); the value is SGLang's name of the format (ours' engine)
+KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8_e4m3"}
 
 
 @dataclass
@@ -52,8 +53,8 @@ class Spec:
 
     @property
     def kv_element_bytes(self) -> float:
-        """Bytes of one K or V element in every system's KV cache."""
-        return KV_CACHE_DTYPES[self.kv_cache_dtype]
+        """Bytes of one K or V element in every system's KV cache (the model in bf16)."""
+        return kv_format.element_bytes(KV_CACHE_DTYPES[self.kv_cache_dtype], 2)
 
     @property
     def model_shape(self) -> dict[str, Any]:
