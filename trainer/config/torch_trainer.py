@@ -21,16 +21,17 @@ class TorchConfig:
         help="torch backend: compile each decoder layer with torch.compile (one graph serves "
         "every layer; with --gradient-checkpointing the checkpoint is compiled with it): fewer, "
         "fused kernels for a training step whose GPU waits on the host launching them; the first "
-        "steps compile, and a new sequence length once more",
+        "step compiles, dynamic in the sequence length",
     )
     keep_merged_weights: bool = flag(
         True,
         negated="--no-keep-merged-weights",
         help="torch backend with --lora-serving merged: each adapted layer merges its weight "
-        "once per optimizer step and every pass of the step (forwards, recomputes, backwards) "
-        "computes with that copy, for one more copy of the adapted weights in the training "
-        "dtype during training (7.3 GB at Qwen3-4B); --no-keep-merged-weights merges again in "
-        "every pass and keeps none",
+        "once per optimizer step (and once per log-probability pass) and every pass of the step "
+        "(forwards, recomputes, backwards) computes with that copy, for one more copy of the "
+        "adapted weights in the training dtype during training (7.3 GB at Qwen3-4B); "
+        "--no-keep-merged-weights merges again in every pass and keeps none (with "
+        "--torch-compile-layers each merge then breaks the compiled layer's graph)",
     )
     log_probs_chunk_size: int = flag(
         -1,

@@ -16,10 +16,12 @@ rounding changes nothing. `MergedLinearFunction` computes them as LoRA does, low
 
 Outside `MergedPolicy.weights_kept` each layer merges in every pass (forward, its recompute
 under gradient checkpointing, backward) and keeps no merged copy; inside it each layer merges
-once and every pass of the block computes with that copy. The trainer opens the block around
-each optimizer step's passes (unless ``--no-keep-merged-weights``): one merge per layer per step
-instead of two or three per micro-batch, for one more copy of the adapted weights in the
-training dtype while the step runs. Both compute the same weights bit for bit.
+once, before the block, and every pass of the block computes with that copy. The trainer opens
+the block around each optimizer step's passes and each log-probability pass with the adapter
+(unless ``--no-keep-merged-weights``): one merge per layer per step instead of two or three per
+micro-batch, for one more copy of the adapted weights in the training dtype while the step
+runs, and no merge inside a compiled layer (``--torch-compile-layers``), whose graph it would
+break (`lora_merge.full_float32_matmuls`). Both compute the same weights bit for bit.
 
 The saved adapter is the same A and B; merged into the base in the serving dtype it is the
 trained policy exactly, applied unmerged (PEFT) it differs from it by that rounding.

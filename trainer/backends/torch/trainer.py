@@ -113,7 +113,10 @@ def _compile_decoder_layers(model: Any) -> None:
     activation checkpointing, transformers' checkpoint wraps the compiled call, and dynamo
     compiles the checkpoint with the layer if it may leave transformers' output-capturing
     context variable unreplayed in the recompute (nothing here captures outputs); it would
-    otherwise run every layer eagerly."""
+    otherwise run every layer eagerly. Dynamic from the start: every micro-batch has its own
+    length, and a graph per length and kind of pass (training, log-probabilities with and
+    without the adapter) would reach dynamo's limit of 8 compiles, past which the layers run
+    eagerly."""
     import torch
 
     layers = getattr(model.get_decoder(), "layers", None)
@@ -124,7 +127,7 @@ def _compile_decoder_layers(model: Any) -> None:
         )
     torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     for layer in layers:
-        layer.compile()
+        layer.compile(dynamic=True)
 
 
 def _scatter(shape: Any, where: tuple[Any, Any], values: Any) -> Any:
@@ -241,7 +244,8 @@ class PeftPolicyTrainer:
         layout = self._layout(batch)
         with torch.no_grad():
             if with_adapter:
-                out = self._forward(batch, with_entropy, layout)
+                with self._merged_weights_kept():
+                    out = self._forward(batch, with_entropy, layout)
             else:
                 without = self.merged.base_only() if self.merged else self.model.disable_adapter()
                 with without:
@@ -332,7 +336,10 @@ class PeftPolicyTrainer:
         return StepResult(grad_norm=grad_norm, metrics=metrics)
 
     def _merged_weights_kept(self) -> contextlib.AbstractContextManager[None]:
-        """The block of one optimizer step's passes, with the merged weights kept where asked."""
+        """A block of passes under one A and B (an optimizer step's, or one log-probability
+        pass), with the merged weights kept where asked: each layer merges once, before the
+        block, not inside a compiled layer, whose graph a merge would break (its switch to
+        full float32 products, `lora_merge.full_float32_matmuls`)."""
         if self.merged is not None and self.keep_merged_weights:
             return self.merged.weights_kept()
         return contextlib.nullcontext()

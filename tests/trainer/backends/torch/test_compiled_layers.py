@@ -31,27 +31,44 @@ def gradients(trainer: PeftPolicyTrainer, batches: list[TrainBatch]) -> dict[str
     return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
 
+def logprobs(trainer: PeftPolicyTrainer, batches: list[TrainBatch]) -> list[torch.Tensor]:
+    """The passes a step may take before training: with the adapter (the old policy, or
+    ``--check-adapter-sync``'s probe) and without it (the reference policy)."""
+    return [
+        trainer.forward(batch, with_adapter=with_adapter).logprobs
+        for batch in batches
+        for with_adapter in (True, False)
+    ]
+
+
 @pytest.mark.parametrize(
     ("options", "graphs"),
     [
-        ({"merged": True, "gradient_checkpointing": True}, 2),
+        ({"merged": True, "gradient_checkpointing": True}, 5),
         pytest.param({"merged": False}, 4, marks=pytest.mark.slow),  # a minute of compiling
     ],
     ids=["merged-recomputed", "adapter"],
 )
-def test_compiled_layers_take_the_eager_layers_gradient_without_graph_breaks(
+def test_compiled_layers_compute_as_the_eager_layers_without_graph_breaks(
     model_dir, options, graphs
 ):
-    """Two steps over micro-batches of two lengths: the same gradients as the eager model to
-    float32's precision, and every layer runs compiled: one graph serves all the layers, and
-    one more once the length changes (then dynamic in it). Without checkpointing the first
-    layer's input, the frozen embeddings' output, needs no gradient: a graph of its own."""
+    """Three steps over micro-batches of five lengths, each step's log-probability passes first:
+    the same log-probabilities and gradients as the eager model to float32's precision, and
+    every layer runs compiled, dynamic in the length from the start: one graph per kind of
+    pass serves all the layers at every length: training and either log-probability pass,
+    each twice where the first layer's input differs from the others' in needing a gradient
+    (in training without checkpointing; in the log-probability passes with it, through
+    transformers' hook on the embeddings). A graph per length too would reach dynamo's limit
+    of 8 compiles, past which it runs the layers eagerly."""
     torch._dynamo.reset()
     counters.clear()
-    batches = micro_batches([10, 10, 14])
     eager = make_trainer(model_dir, **options)
     compiled = make_trainer(model_dir, compile_layers=True, **options)
-    for _ in range(2):
+    for lengths in ([10, 10, 14], [12, 17], [9, 21]):
+        batches = micro_batches(lengths)
+        passes = zip(logprobs(compiled, batches), logprobs(eager, batches), strict=True)
+        for compiled_pass, eager_pass in passes:
+            torch.testing.assert_close(compiled_pass, eager_pass, atol=1e-5, rtol=1e-4)
         expected, got = gradients(eager, batches), gradients(compiled, batches)
         assert got.keys() == expected.keys() and len(got) > 0
         for name, grad in got.items():
