@@ -92,7 +92,7 @@ def engine_fraction(spec: Spec, config: TrainConfig, free: int) -> float:
     `SGLANG_FRACTION`, and as much as SGLang needs to size a KV cache of the step's samples
     (`kv_cache_tokens`) up to `SGLANG_FRACTION_MAX`. At the Qwen3-4B shape on an 80 GB GPU 0.15
     holds 31,293 of the 49,152 tokens the step's samples reach, and SGLang would decode them in
-    turns (`memory_estimate.sglang_kv_tokens`). The KV cache in the format `config` gives
+    turns (`memory_estimate.EngineSize.sglang_kv_tokens`). The KV cache in the format `config` gives
     SGLang (``--kv-cache-dtype``, or ``--sglang-kv-cache-dtype`` in ``--ours-flags``)."""
     from trainer.backends import registry
     from trainer.backends.sglang import kv_format
@@ -105,14 +105,13 @@ def engine_fraction(spec: Spec, config: TrainConfig, free: int) -> float:
         lora_targets=registry.adapter_targets(config).hf,
     )
     kv_cache_dtype = coerce_extra(config.sglang.sglang_extra).get("kv_cache_dtype")
-    needed = memory_estimate.sglang_fraction(
+    engine = memory_estimate.EngineSize(
         shape,
-        kv_tokens=kv_cache_tokens(spec),
-        free=free,
         dtype_bytes=2,
         adapter_slots=0 if config.lora.merged else LORA_SLOTS,
         kv_element_bytes=kv_format.element_bytes(kv_cache_dtype, 2),
     )
+    needed = engine.sglang_fraction(kv_tokens=kv_cache_tokens(spec), free=free)
     return min(SGLANG_FRACTION_MAX, max(SGLANG_FRACTION, needed))
 
 

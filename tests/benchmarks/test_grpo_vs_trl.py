@@ -683,9 +683,8 @@ def test_ours_sglang_fraction_holds_a_step_s_kv_cache_on_the_device_at_hand(benc
     config = parse_args(ours_system.ours_argv(spec, steps=1))
     targets = registry.adapter_targets(config).hf
     shape = model_shape.read(Path(spec.model_dir), lora_rank=64, lora_targets=targets)
-    needed = memory_estimate.engine_memory(
-        shape, dtype_bytes=2, kv_tokens=ours_system.kv_cache_tokens(spec), adapter_slots=2
-    )
+    engine = memory_estimate.EngineSize(shape, dtype_bytes=2, adapter_slots=2)
+    needed = engine.memory(ours_system.kv_cache_tokens(spec))
     assert ours_system.engine_fraction(spec, config, free=100 * needed) == 0.15
     assert ours_system.engine_fraction(spec, config, free=4 * needed) == 0.25
     assert ours_system.engine_fraction(spec, config, free=needed) == 0.85
@@ -710,9 +709,9 @@ def test_an_8_bit_kv_cache_is_every_engine_s_same_format(bench, tmp_path):
     )
     tokens = ours_system.kv_cache_tokens(spec)
     needed = {
-        element: memory_estimate.engine_memory(
-            shape, dtype_bytes=2, kv_tokens=tokens, adapter_slots=2, kv_element_bytes=element
-        )
+        element: memory_estimate.EngineSize(
+            shape, dtype_bytes=2, adapter_slots=2, kv_element_bytes=element
+        ).memory(tokens)
         for element in (2.0, 1.0)
     }
     free = 4 * needed[2.0]

@@ -46,6 +46,7 @@ def train_workers(tag: RunTag, processes: list[ownership.Seen]) -> set[int]:
     return {s.process.pid for s in ownership.of_run(tag, processes) if "TrainWorker" in s.cmdline}
 
 
+@pytest.mark.slow  # a minute and a half: two Ray nodes and the whole job
 def test_the_cpu_recipe_trains_with_ranks_on_both_nodes(tmp_path):
     tiny.build(tmp_path / "models" / "tiny-qwen3", tmp_path / "data" / "tiny-task", seed=0)
     ray_port, worker_agent_port, dashboard_port, agent_port, client_server_port = free_ports(5)

@@ -23,7 +23,7 @@ from trainer import tiny
 from trainer.run import checkpoint
 from trainer.run.metrics import METRICS_FILE, read_metrics
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLLOUTS = 12

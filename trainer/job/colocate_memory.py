@@ -92,38 +92,22 @@ def sglang_engine(
     cap = extra.get("max_total_tokens")
     rollout = engine_sequences(config) * sequence_tokens(config)
     tokens = cap if cap is not None else rollout
-    slots = 0 if config.lora.merged else sglang_args.LORA_SLOTS
-    kv_bytes = kv_format.element_bytes(extra.get("kv_cache_dtype"), dtype_bytes)
-    held = memory_estimate.sglang_kv_tokens(
+    engine = memory_estimate.EngineSize(
         shape,
-        fraction=fraction,
-        free=device.free,
         dtype_bytes=dtype_bytes,
-        adapter_slots=slots,
-        kv_element_bytes=kv_bytes,
+        adapter_slots=0 if config.lora.merged else sglang_args.LORA_SLOTS,
+        kv_element_bytes=kv_format.element_bytes(extra.get("kv_cache_dtype"), dtype_bytes),
     )
+    held = engine.sglang_kv_tokens(fraction=fraction, free=device.free)
     needed = min(tokens, rollout)
     if held < needed:
-        enough = memory_estimate.sglang_fraction(
-            shape,
-            kv_tokens=needed,
-            free=device.free,
-            dtype_bytes=dtype_bytes,
-            adapter_slots=slots,
-            kv_element_bytes=kv_bytes,
-        )
+        enough = engine.sglang_fraction(kv_tokens=needed, free=device.free)
         return static, (
             f"{source}, whose KV cache holds {held} tokens, fewer than the {needed} of the "
             f"rollout's samples at once: SGLang runs them in turns (--sglang-mem-fraction-static "
             f"{enough:g} holds them)"
         )
-    capped = memory_estimate.engine_memory(
-        shape,
-        dtype_bytes=dtype_bytes,
-        kv_tokens=tokens,
-        adapter_slots=slots,
-        kv_element_bytes=kv_bytes,
-    )
+    capped = engine.memory(tokens)
     if capped >= static:
         return static, source
     if cap is None:  # the rollout needs less than the fraction reserves: say how to cap it
@@ -132,8 +116,8 @@ def sglang_engine(
             f"--sglang-max-total-tokens {tokens} would cap its KV cache there"
         )
     return capped, (
-        f"weights, {slots} adapter slots and a KV cache of --sglang-max-total-tokens {cap}, "
-        f"within {source}"
+        f"weights, {engine.adapter_slots} adapter slots and a KV cache of "
+        f"--sglang-max-total-tokens {cap}, within {source}"
     )
 
 
@@ -152,8 +136,8 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
         engine, source = sglang_engine(config, shape, fraction, device, dtype_bytes)
     else:
         sequences = engine_sequences(config)
-        engine = memory_estimate.engine_memory(
-            shape, dtype_bytes=dtype_bytes, kv_tokens=sequences * sequence_tokens(config)
+        engine = memory_estimate.EngineSize(shape, dtype_bytes).memory(
+            sequences * sequence_tokens(config)
         )
         source = f"weights and the KV cache of {sequences} samples"
     if config.lora.merged:

@@ -150,69 +150,48 @@ def static_engine_memory(mem_fraction_static: float, device_total: int) -> int:
     return int(mem_fraction_static * device_total)
 
 
-def kv_bytes_per_token(shape: ModelShape, kv_element_bytes: float) -> float:
-    """K and V of one token over all layers with `kv_element_bytes` per element (2: 16-bit;
-    1: an 8-bit KV cache, ``--sglang-kv-cache-dtype fp8_e4m3``)."""
-    return shape.kv_bytes_per_token_16bit * kv_element_bytes / 2
+@dataclass(frozen=True)
+class EngineSize:
+    """What an engine's memory is made of: the model's `shape` in `dtype_bytes` per weight, the
+    buffers of `adapter_slots` adapters (SGLang's LoRA slots; none serving merged weights), and
+    a KV cache in `kv_element_bytes` per element (None: the model's dtype; 1: an 8-bit cache,
+    ``--sglang-kv-cache-dtype fp8_e4m3``)."""
 
+    shape: ModelShape
+    dtype_bytes: int
+    adapter_slots: int = 0
+    kv_element_bytes: float | None = None
 
-def engine_memory(
-    shape: ModelShape,
-    *,
-    dtype_bytes: int,
-    kv_tokens: int,
-    adapter_slots: int = 0,
-    kv_element_bytes: float | None = None,
-) -> int:
-    """An engine's weights, the buffers of `adapter_slots` adapters and a KV cache of
-    `kv_tokens` tokens: the transformers engine (its samples' tokens), or SGLang with its cache
-    capped (``--sglang-max-total-tokens``; its LoRA slots, none serving merged weights), which
-    stays bounded by its static reservation (`static_engine_memory`) all the same. The KV cache
-    in `kv_element_bytes` per element, None: the model's `dtype_bytes`."""
-    per_token = kv_bytes_per_token(shape, kv_element_bytes or dtype_bytes)
-    adapters = adapter_slots * shape.lora_parameters * dtype_bytes
-    return shape.parameters * dtype_bytes + adapters + int(per_token * kv_tokens)
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V of one token over all layers."""
+        element = self.kv_element_bytes or self.dtype_bytes
+        return self.shape.kv_bytes_per_token_16bit * element / 2
 
+    @property
+    def resident(self) -> int:
+        """The weights and the adapter buffers: what the engine holds before any KV cache."""
+        adapters = self.adapter_slots * self.shape.lora_parameters * self.dtype_bytes
+        return self.shape.parameters * self.dtype_bytes + adapters
 
-def sglang_kv_tokens(
-    shape: ModelShape,
-    *,
-    fraction: float,
-    free: int,
-    dtype_bytes: int,
-    adapter_slots: int = 0,
-    kv_element_bytes: float | None = None,
-) -> int:
-    """The KV cache, in tokens, that SGLang sizes for itself at ``--sglang-mem-fraction-static
-    fraction`` when `free` bytes are free as it starts: `fraction` of them less its weights and
-    adapter buffers (SGLang's reckoning: what is free once its weights are loaded, less ``1 -
-    fraction`` of what was free before)."""
-    resident = engine_memory(
-        shape, dtype_bytes=dtype_bytes, kv_tokens=0, adapter_slots=adapter_slots
-    )
-    per_token = kv_bytes_per_token(shape, kv_element_bytes or dtype_bytes)
-    return int(max(0, int(fraction * free) - resident) // per_token)
+    def memory(self, kv_tokens: int) -> int:
+        """The resident part and a KV cache of `kv_tokens` tokens: the transformers engine (its
+        samples' tokens), or SGLang with its cache capped (``--sglang-max-total-tokens``), which
+        stays bounded by its static reservation (`static_engine_memory`) all the same."""
+        return self.resident + int(self.kv_bytes_per_token * kv_tokens)
 
+    def sglang_kv_tokens(self, *, fraction: float, free: int) -> int:
+        """The KV cache, in tokens, that SGLang sizes for itself at
+        ``--sglang-mem-fraction-static fraction`` when `free` bytes are free as it starts:
+        `fraction` of them less its resident part (SGLang's reckoning: what is free once its
+        weights are loaded, less ``1 - fraction`` of what was free before)."""
+        return int(max(0, int(fraction * free) - self.resident) // self.kv_bytes_per_token)
 
-def sglang_fraction(
-    shape: ModelShape,
-    *,
-    kv_tokens: int,
-    free: int,
-    dtype_bytes: int,
-    adapter_slots: int = 0,
-    kv_element_bytes: float | None = None,
-) -> float:
-    """The least ``--sglang-mem-fraction-static``, in hundredths, at which SGLang sizes a KV
-    cache of `kv_tokens` tokens (`sglang_kv_tokens`) when `free` bytes are free as it starts."""
-    needed = engine_memory(
-        shape,
-        dtype_bytes=dtype_bytes,
-        kv_tokens=kv_tokens,
-        adapter_slots=adapter_slots,
-        kv_element_bytes=kv_element_bytes,
-    )
-    return math.ceil(100 * needed / free) / 100
+    def sglang_fraction(self, *, kv_tokens: int, free: int) -> float:
+        """The least ``--sglang-mem-fraction-static``, in hundredths, at which SGLang sizes a
+        KV cache of `kv_tokens` tokens (`sglang_kv_tokens`) when `free` bytes are free as it
+        starts."""
+        return math.ceil(100 * self.memory(kv_tokens) / free) / 100
 
 
 def merged_serving_memory(shape: ModelShape, *, dtype_bytes: int, base_lent: bool) -> int:

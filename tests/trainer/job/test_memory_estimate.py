@@ -115,7 +115,7 @@ def test_a_device_too_small_for_both_releases():
 
 
 def test_a_resident_engine_holds_its_weights_and_its_samples_kv_cache():
-    bf16 = memory_estimate.engine_memory(QWEN3_0_6B, dtype_bytes=2, kv_tokens=64 * 512)
+    bf16 = memory_estimate.EngineSize(QWEN3_0_6B, dtype_bytes=2).memory(64 * 512)
     assert bf16 == 596_049_920 * 2 + 114_688 * 64 * 512
 
 
@@ -198,7 +198,7 @@ def test_sglang_engines_weigh_their_static_fraction_and_name_a_cap_that_fits_the
     plan, shape = sglang_plan(model, *batches, "--global-batch-size", "8")
     assert plan.engine == 4 * GIB
     needed = 4 * 2 * (256 + 256)
-    rollout = memory_estimate.engine_memory(shape, dtype_bytes=2, kv_tokens=needed, adapter_slots=2)
+    rollout = memory_estimate.EngineSize(shape, dtype_bytes=2, adapter_slots=2).memory(needed)
     assert (
         f"(--sglang-mem-fraction-static 0.5 of the GPU, where its rollout needs "
         f"{memory_estimate.gib(rollout)} GiB: --sglang-max-total-tokens {needed} would cap its "
@@ -260,23 +260,17 @@ def test_sglang_sizes_its_kv_cache_from_its_fraction_of_the_free_memory_less_its
     0.15 of an H100's 78.6 free GiB SGLang keeps 31,293 tokens (it runs the samples in turns);
     0.21 holds the benchmark's cap of 61,440; 0.15 of an H200's 139.3 GiB holds 97,594."""
     h100, h200 = int(78.6 * GIB), int(139.3 * GIB)
-    kv = memory_estimate.sglang_kv_tokens
-    assert kv(QWEN3_4B, fraction=0.15, free=h100, dtype_bytes=2) == 31_293 < 64 * 768
-    assert (
-        memory_estimate.sglang_fraction(QWEN3_4B, kv_tokens=61_440, free=h100, dtype_bytes=2)
-        == 0.21
-    )
-    assert kv(QWEN3_4B, fraction=0.15, free=h200, dtype_bytes=2) == 97_594
-    assert kv(QWEN3_4B, fraction=0.05, free=h100, dtype_bytes=2) == 0  # not even its weights
+    engine = memory_estimate.EngineSize(QWEN3_4B, dtype_bytes=2)
+    assert engine.sglang_kv_tokens(fraction=0.15, free=h100) == 31_293 < 64 * 768
+    assert engine.sglang_fraction(kv_tokens=61_440, free=h100) == 0.21
+    assert engine.sglang_kv_tokens(fraction=0.15, free=h200) == 97_594
+    assert engine.sglang_kv_tokens(fraction=0.05, free=h100) == 0  # not even its weights
     for tokens in (1, 10_000, 61_440, 500_000):
         for slots in (0, 2):
-            fraction = memory_estimate.sglang_fraction(
-                QWEN3_0_6B, kv_tokens=tokens, free=h100, dtype_bytes=2, adapter_slots=slots
-            )
-            held = kv(QWEN3_0_6B, fraction=fraction, free=h100, dtype_bytes=2, adapter_slots=slots)
-            less = kv(
-                QWEN3_0_6B, fraction=fraction - 0.01, free=h100, dtype_bytes=2, adapter_slots=slots
-            )
+            small = memory_estimate.EngineSize(QWEN3_0_6B, dtype_bytes=2, adapter_slots=slots)
+            fraction = small.sglang_fraction(kv_tokens=tokens, free=h100)
+            held = small.sglang_kv_tokens(fraction=fraction, free=h100)
+            less = small.sglang_kv_tokens(fraction=fraction - 0.01, free=h100)
             assert less < tokens <= held
 
 
@@ -286,24 +280,19 @@ def test_an_8_bit_kv_cache_holds_twice_the_tokens_of_a_16_bit_one():
     all of them; the least fraction that holds them is about half as far above the weights."""
     h100 = int(78.6 * GIB)
     rollout = 64 * (256 + 8192)
-    kv = memory_estimate.sglang_kv_tokens
-    bf16 = kv(QWEN3_4B, fraction=0.6, free=h100, dtype_bytes=2)
-    fp8 = kv(QWEN3_4B, fraction=0.6, free=h100, dtype_bytes=2, kv_element_bytes=1.0)
+    engines = [
+        memory_estimate.EngineSize(QWEN3_4B, dtype_bytes=2, kv_element_bytes=element_bytes)
+        for element_bytes in (2.0, 1.0)
+    ]
+    bf16, fp8 = (engine.sglang_kv_tokens(fraction=0.6, free=h100) for engine in engines)
     assert bf16 < rollout <= fp8
     assert fp8 in (2 * bf16, 2 * bf16 + 1)
     weights = QWEN3_4B.parameters * 2
-    for element_bytes in (2.0, 1.0):
-        needed = memory_estimate.engine_memory(
-            QWEN3_4B, dtype_bytes=2, kv_tokens=rollout, kv_element_bytes=element_bytes
-        )
-        kv_part = needed - weights
-        assert kv_part == int(QWEN3_4B.kv_bytes_per_token_16bit * element_bytes / 2 * rollout)
-    fractions = [
-        memory_estimate.sglang_fraction(
-            QWEN3_4B, kv_tokens=rollout, free=h100, dtype_bytes=2, kv_element_bytes=b
-        )
-        for b in (2.0, 1.0)
-    ]
+    for engine in engines:
+        kv_part = engine.memory(rollout) - weights
+        per_token = QWEN3_4B.kv_bytes_per_token_16bit * engine.kv_element_bytes / 2
+        assert kv_part == int(per_token * rollout)
+    fractions = [engine.sglang_fraction(kv_tokens=rollout, free=h100) for engine in engines]
     assert fractions[1] < 0.6 < fractions[0]
 
 
@@ -313,7 +302,7 @@ def test_the_plan_sizes_sglang_s_kv_cache_in_its_format(model):
     config = parse_args(argv(model, *SGLANG_AUTO, "--rollout-batch-size", "4"))
     shape = colocate_memory.model_shape_for(config)
     rollout = colocate_memory.engine_sequences(config) * colocate_memory.sequence_tokens(config)
-    resident = memory_estimate.engine_memory(shape, dtype_bytes=2, kv_tokens=0, adapter_slots=2)
+    resident = memory_estimate.EngineSize(shape, dtype_bytes=2, adapter_slots=2).resident
     free = 2 * (resident + rollout * 3 // 4 * shape.kv_bytes_per_token_16bit)  # 3/4 in 16-bit
     device = memory_estimate.DeviceMemory(free=free, total=free)
     line = colocate_memory.estimate(config, shape, device=device).line()
@@ -330,13 +319,11 @@ def test_a_fraction_too_small_for_the_rollout_s_kv_cache_is_named_with_one_that_
     config = parse_args(argv(model, *SGLANG_AUTO, "--rollout-batch-size", "4"))
     shape = colocate_memory.model_shape_for(config)
     rollout = colocate_memory.engine_sequences(config) * colocate_memory.sequence_tokens(config)
-    resident = memory_estimate.engine_memory(shape, dtype_bytes=2, kv_tokens=0, adapter_slots=2)
-    free = 2 * (resident + rollout // 2 * shape.kv_bytes_per_token_16bit)
+    engine = memory_estimate.EngineSize(shape, dtype_bytes=2, adapter_slots=2)
+    free = 2 * (engine.resident + rollout // 2 * shape.kv_bytes_per_token_16bit)
     device = memory_estimate.DeviceMemory(free=free, total=free)
     plan = colocate_memory.estimate(config, shape, device=device)
-    enough = memory_estimate.sglang_fraction(
-        shape, kv_tokens=rollout, free=free, dtype_bytes=2, adapter_slots=2
-    )
+    enough = engine.sglang_fraction(kv_tokens=rollout, free=free)
     assert 0.5 < enough <= 1
     assert (
         f"(--sglang-mem-fraction-static 0.5 of the GPU, whose KV cache holds {rollout // 2} "
