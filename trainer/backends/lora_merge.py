@@ -13,7 +13,7 @@ with rsLoRA.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +54,26 @@ class LoraLayer:
     def b(self) -> str:
         """The adapter's key of the layer's B matrix."""
         return f"{PEFT_PREFIX}{self.module}{LORA_B}"
+
+
+def adapts(name: str, shape: Sequence[int], targets: Collection[str]) -> bool:
+    """Whether LoRA on the modules `targets` adapts the checkpoint tensor `name` of `shape`: a
+    2-D weight of a module whose own name is a target, as PEFT matches ``target_modules``."""
+    return len(shape) == 2 and name.endswith(".weight") and name.split(".")[-2] in targets
+
+
+def adapted_weights(path: str | Path, targets: Collection[str]) -> list[str]:
+    """The names of the checkpoint's weights that LoRA on `targets` adapts (`adapts`), from its
+    ``*.safetensors`` headers alone."""
+    from safetensors import safe_open
+
+    names = []
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(file), framework="numpy") as tensors:
+            for name in tensors.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                if adapts(name, tensors.get_slice(name).get_shape(), targets):
+                    names.append(name)
+    return names
 
 
 def lora_layers(names: Iterable[str]) -> tuple[LoraLayer, ...]:
@@ -123,7 +143,7 @@ class LoraMerger:
         self.device = device
         self.dtype = dtype
         self.base: dict[str, torch.Tensor] = {}
-        self.host: dict[str, torch.Tensor] = {}  # their host copies, made at the first release
+        self.host: dict[str, torch.Tensor] = {}  # their host copies (`keep_on_host`, `release`)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, device: Any, dtype: torch.dtype) -> LoraMerger:
@@ -142,6 +162,21 @@ class LoraMerger:
                     f"{weight.device}; the merge needs {self.dtype} on {device}"
                 )
         self.base.update(weights)
+
+    def keep_on_host(self, names: Iterable[str]) -> None:
+        """Read the base weights `names` from the checkpoint straight into their host copies
+        (pinned on a GPU), for a merger whose base leaves the device between merges
+        (`release`, `restore`): the first merge then restores them as every later one does.
+        Left to the first merge, reading the checkpoint onto the device and copying it back to
+        newly pinned memory fell in a training step: the first update took 6.0 s at the
+        Qwen3-4B shape on an H100 (at 0.6B, 0.507 s against 0.060 s for the later ones)."""
+        import torch
+
+        pin = torch.device(self.device).type == "cuda"
+        wanted = [name for name in names if name not in self.host]
+        for name, weight in self._load_base(wanted).items():
+            host = torch.empty(weight.shape, dtype=weight.dtype, pin_memory=pin)
+            self.host[name] = host.copy_(weight)
 
     def release(self) -> None:
         """Gives back the device memory of the base weights kept for merging, while a

@@ -12,6 +12,7 @@ from typing import Any
 
 from safetensors import safe_open
 
+from trainer.backends.lora_merge import adapts
 from trainer.job.memory_estimate import ModelShape
 
 
@@ -33,13 +34,9 @@ def tensor_shapes(model_dir: Path) -> Iterator[tuple[str, list[int]]]:
 def adapted_shapes(
     shapes: Sequence[tuple[str, list[int]]], targets: Sequence[str]
 ) -> list[list[int]]:
-    """The [out, in] shapes of every 2-D ``<target>.weight``: the weights LoRA adapts."""
+    """The [out, in] shapes of the weights LoRA on `targets` adapts (`lora_merge.adapts`)."""
     wanted = set(targets)
-    return [
-        shape
-        for name, shape in shapes
-        if len(shape) == 2 and name.endswith(".weight") and name.split(".")[-2] in wanted
-    ]
+    return [shape for name, shape in shapes if adapts(name, shape, wanted)]
 
 
 def lora_parameters(

@@ -16,6 +16,7 @@ from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.lora_merge import (
     LoraMerger,
     MergeError,
+    adapted_weights,
     lora_layers,
     lora_scaling,
     merged_weight,
@@ -125,6 +126,37 @@ def test_a_base_on_the_device_only_to_merge_is_read_from_the_checkpoint_once(mod
         assert merger.base == {}
     assert len(reads) == 1
     assert all(torch.equal(merged[0][k], later[k]) for later in merged[1:] for k in later)
+
+
+def test_a_base_kept_on_the_host_from_the_start_is_all_that_any_update_reads(model_dir, trained):
+    """SGLang's engine whose weights leave the GPU reads its merge base as it starts: the
+    checkpoint's adapted weights (those PEFT adapts, found from the headers and the targets)
+    into their host copies. Every update, the first too, restores, merges and releases, reads
+    nothing more and copies nothing back to the host, and merges what the merge on demand does."""
+    adapter = trained.export_adapter()
+    layers = {layer.weight for layer in lora_layers(adapter.tensors)}
+    targets = {name.split(".")[-2] for name in layers}
+    names = adapted_weights(model_dir, targets)
+    assert sorted(names) == sorted(layers)
+    reads: list[list[str]] = []
+
+    def load_base(names: list[str]) -> dict[str, torch.Tensor]:
+        reads.append(names)
+        return read_weights(Path(model_dir), names, torch.float32)
+
+    merger = LoraMerger(load_base, "cpu", torch.float32)
+    merger.keep_on_host(names)
+    host = {k: v.data_ptr() for k, v in merger.host.items()}
+    assert merger.base == {} and host.keys() == layers
+    on_demand = LoraMerger.from_checkpoint(model_dir, device="cpu", dtype=torch.float32)
+    expected = on_demand.merge(adapter)
+    for _ in range(2):
+        merger.restore()
+        merged = merger.merge(adapter)
+        assert all(torch.equal(merged[k], expected[k]) for k in expected)
+        merger.release()
+    assert len(reads) == 1
+    assert {k: v.data_ptr() for k, v in merger.host.items()} == host
 
 
 def test_an_engine_merging_into_the_trainer_s_base_scores_as_one_with_its_own(model_dir, trained):

@@ -61,7 +61,7 @@ from trainer.backends.generation_parsing import (
     parse_outputs,
     sampling_params,
 )
-from trainer.backends.lora_merge import LoraMerger
+from trainer.backends.lora_merge import LoraMerger, adapted_weights
 from trainer.backends.sglang.args import build_server_args
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class SGLangRolloutEngine:
         self._merger = merger
         self._release_tags = (
             [KV_CACHE, WEIGHTS, CUDA_GRAPH]
-            if server_args.get("enable_weights_cpu_backup")
+            if releases_weights(server_args)
             else [KV_CACHE, CUDA_GRAPH]
         )
         # where SGLang's own weights leave the GPU, the merger's base is on it only to merge
@@ -274,14 +274,29 @@ def create(config: TrainConfig, device: str, *, engine_index: int = 0) -> SGLang
         base_gpu_id=gpu_index(device),
         engine_index=engine_index,
     )
-    merger = None
-    if config.lora.merged:
-        merger = LoraMerger.from_checkpoint(
-            config.checkpoint.hf_checkpoint,
-            device=device,
-            dtype=torch_dtype(config.placement.resolve_dtype(device)),
-        )
-    return start(server_args, merger=merger)
+    return start(server_args, merger=merger_for(config, device, server_args))
+
+
+def merger_for(config: TrainConfig, device: str, server_args: dict[str, Any]) -> LoraMerger | None:
+    """The merger of an engine serving merged weights (``--lora-serving merged``; none serving
+    the adapter). Where the engine's weights leave the GPU (`releases_weights`), the merge base
+    goes with them: it is read onto the host now, as the engine starts, not in the first
+    update."""
+    if not config.lora.merged:
+        return None
+    checkpoint = config.checkpoint.hf_checkpoint
+    merger = LoraMerger.from_checkpoint(
+        checkpoint, device=device, dtype=torch_dtype(config.placement.resolve_dtype(device))
+    )
+    if releases_weights(server_args):
+        merger.keep_on_host(adapted_weights(checkpoint, registry.adapter_targets(config).hf))
+    return merger
+
+
+def releases_weights(server_args: dict[str, Any]) -> bool:
+    """Whether the engine's weights leave the GPU with its KV cache (``--lora-base-cpu-backup``:
+    SGLang keeps a host copy of them), and so the merge base with them."""
+    return bool(server_args.get("enable_weights_cpu_backup"))
 
 
 def start(server_args: dict[str, Any], *, merger: LoraMerger | None = None) -> SGLangRolloutEngine:

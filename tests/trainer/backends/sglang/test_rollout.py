@@ -15,9 +15,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from trainer import tiny
+from trainer.arguments import parse_args
+from trainer.backends import registry
 from trainer.backends.base import LoraAdapter, SamplingParams
 from trainer.backends.flat_tensors import FlatTensors
-from trainer.backends.sglang.rollout import SGLangRolloutEngine, bucket_packer
+from trainer.backends.lora_merge import lora_layers
+from trainer.backends.sglang import args as sglang_args
+from trainer.backends.sglang.rollout import SGLangRolloutEngine, bucket_packer, merger_for
 
 CONFIG = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "peft_type": "LORA"}
 
@@ -246,6 +251,33 @@ def test_where_sglangs_weights_leave_the_gpu_the_merge_base_is_on_it_only_to_mer
     engine.resume_memory()
     engine.release_memory()
     assert merger.calls == calls
+
+
+@pytest.mark.parametrize("backup", [True, False], ids=["weights-released", "weights-resident"])
+def test_an_engine_whose_weights_leave_the_gpu_reads_its_merge_base_as_it_starts(
+    tmp_path: Path, backup: bool
+) -> None:
+    """With ``--lora-base-cpu-backup`` the merge base is on the host before any update: the
+    weights the trainer's adapter covers, no others (the first update then restores it as the
+    later ones do, and reads no checkpoint in a step). With SGLang's weights resident the base
+    is read onto the GPU by the first merge and stays there."""
+    tiny.build(tmp_path / "model", tmp_path / "data", seed=1)
+    argv = [
+        "--hf-checkpoint", str(tmp_path / "model"),
+        "--prompt-data", str(tmp_path / "data" / "train.jsonl"),
+        "--rollout-backend", "sglang", "--train-backend", "torch", "--lora-serving", "merged",
+        "--colocate", "--colocate-memory", "release", "--sglang-mem-fraction-static", "0.4",
+        *(["--lora-base-cpu-backup"] if backup else []),
+    ]  # fmt: skip
+    config = parse_args(argv)
+    fields, source = sglang_args.static_fields()
+    targets = registry.adapter_targets(config)
+    server_args = sglang_args.build_server_args(config, targets, fields=fields, source=source)
+    merger = merger_for(config, "cpu", server_args)
+    trainer = registry.create_trainer(config, "cpu", total_steps=1)
+    covered = {layer.weight for layer in lora_layers(trainer.export_adapter().tensors)}
+    assert merger is not None and merger.base == {}
+    assert merger.host.keys() == (covered if backup else set())
 
 
 @pytest.mark.parametrize(
