@@ -116,8 +116,9 @@ def _compile_decoder_layers(model: Any) -> None:
     otherwise run every layer eagerly. Dynamic from the start: every micro-batch has its own
     length, and a graph per length and kind of pass (training, log-probabilities with and
     without the adapter) would reach dynamo's limit of 8 compiles, past which the layers run
-    eagerly. The price: the batch is symbolic too (3.5% of the train phase at the 0.6B shape on
-    an H100, benchmarks/results/2026-12-06-h100-p-compile-dynamic.md)."""
+    eagerly. The price: every input dimension is symbolic, not only those that change (3.5% of
+    the train phase at the 0.6B shape on an H100,
+    benchmarks/results/2026-12-06-h100-p-compile-dynamic.md)."""
     import torch
 
     layers = getattr(model.get_decoder(), "layers", None)
