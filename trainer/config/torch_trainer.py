@@ -21,7 +21,7 @@ class TorchConfig:
         help="torch backend: compile each decoder layer with torch.compile (one graph serves "
         "every layer; with --gradient-checkpointing the checkpoint is compiled with it): fewer, "
         "fused kernels for a training step whose GPU waits on the host launching them; the first "
-        "step compiles, dynamic in the sequence length",
+        "steps compile (each kind of pass for its first length, then dynamic in the length)",
     )
     keep_merged_weights: bool = flag(
         True,

@@ -36,6 +36,9 @@ STATE_STEM = "trainer_state"
 # Config fields of causal LMs whose logits are more than ``last_hidden_state @ lm_head.weight.T``
 # (those take the full logits from the model's own forward).
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+# compiles of the decoder layers' code before dynamo runs it eagerly: each kind of pass twice
+# (`_compile_decoder_layers`), and once more for a micro-batch of another size, with room
+RECOMPILE_LIMIT = 32
 
 
 def lr_factor(optim: OptimizerConfig, total_iters: int, step: int) -> float:
@@ -113,12 +116,15 @@ def _compile_decoder_layers(model: Any) -> None:
     activation checkpointing, transformers' checkpoint wraps the compiled call, and dynamo
     compiles the checkpoint with the layer if it may leave transformers' output-capturing
     context variable unreplayed in the recompute (nothing here captures outputs); it would
-    otherwise run every layer eagerly. Dynamic from the start: every micro-batch has its own
-    length, and a graph per length and kind of pass (training, log-probabilities with and
-    without the adapter) would reach dynamo's limit of 8 compiles, past which the layers run
-    eagerly. The price: every input dimension is symbolic, not only those that change (3.5% of
-    the train phase at the 0.6B shape on an H100,
-    benchmarks/results/2026-12-06-h100-p-compile-dynamic.md)."""
+    otherwise run every layer eagerly.
+
+    Each kind of pass (training, log-probabilities with and without the adapter, the first
+    layer's input needing a gradient or not) compiles for its first length, then once more
+    dynamic in what changed (dynamo's automatic dynamic shapes): 9 graphs with checkpointing,
+    merged, where dynamo's limit of 8 per code object would leave the last kind, training,
+    eager; hence `RECOMPILE_LIMIT`. Dynamic from the first compile (``dynamic=True``) would
+    make 5, but with every dimension symbolic its train phase took 3.5% longer and its warm-up
+    35 s more (benchmarks/results/2026-12-06-h100-p-compile-dynamic.md)."""
     import torch
 
     layers = getattr(model.get_decoder(), "layers", None)
@@ -127,9 +133,11 @@ def _compile_decoder_layers(model: Any) -> None:
             f"--torch-compile-layers: {type(model).__name__} has no list of decoder layers to "
             "compile; run without it"
         )
-    torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+    config = torch._dynamo.config
+    config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     for layer in layers:
-        layer.compile(dynamic=True)
+        layer.compile()
 
 
 def _scatter(shape: Any, where: tuple[Any, Any], values: Any) -> Any:
