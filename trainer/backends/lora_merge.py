@@ -62,18 +62,20 @@ def adapts(name: str, shape: Sequence[int], targets: Collection[str]) -> bool:
     return len(shape) == 2 and name.endswith(".weight") and name.split(".")[-2] in targets
 
 
-def adapted_weights(path: str | Path, targets: Collection[str]) -> list[str]:
-    """The names of the checkpoint's weights that LoRA on `targets` adapts (`adapts`), from its
-    ``*.safetensors`` headers alone."""
+def checkpoint_shapes(path: str | Path) -> Iterator[tuple[str, list[int]]]:
+    """(name, shape) of every tensor in the checkpoint's ``*.safetensors`` files, from their
+    headers alone."""
     from safetensors import safe_open
 
-    names = []
     for file in sorted(Path(path).glob("*.safetensors")):
         with safe_open(str(file), framework="numpy") as tensors:
             for name in tensors.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                if adapts(name, tensors.get_slice(name).get_shape(), targets):
-                    names.append(name)
-    return names
+                yield name, list(tensors.get_slice(name).get_shape())
+
+
+def adapted_weights(path: str | Path, targets: Collection[str]) -> list[str]:
+    """The names of the checkpoint's weights that LoRA on `targets` adapts (`adapts`)."""
+    return [name for name, shape in checkpoint_shapes(path) if adapts(name, shape, targets)]
 
 
 def lora_layers(names: Iterable[str]) -> tuple[LoraLayer, ...]:

@@ -10,9 +10,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
-
-from trainer.backends.lora_merge import adapts
+from trainer.backends.lora_merge import adapts, checkpoint_shapes
 from trainer.job.memory_estimate import ModelShape
 
 
@@ -22,13 +20,9 @@ class ModelShapeError(ValueError):
 
 def tensor_shapes(model_dir: Path) -> Iterator[tuple[str, list[int]]]:
     """(name, shape) of every tensor in the checkpoint's safetensors files."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
+    if not any(model_dir.glob("*.safetensors")):
         raise ModelShapeError(f"{model_dir}: no *.safetensors files to size the model from")
-    for path in files:
-        with safe_open(str(path), framework="numpy") as tensors:
-            for name in tensors.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                yield name, list(tensors.get_slice(name).get_shape())
+    yield from checkpoint_shapes(model_dir)
 
 
 def adapted_shapes(
