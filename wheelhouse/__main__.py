@@ -118,6 +118,15 @@ def parser() -> argparse.ArgumentParser:
         help="FlashInfer's cache folder (default: .cache/flashinfer in "
         "$FLASHINFER_WORKSPACE_BASE, else in the home folder)",
     )
+    ker.add_argument(
+        "--add",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="WHEEL",
+        help="a wheel this command packed earlier (e.g. the one installed on this node): its "
+        "kernels are packed too, beside those compiled here (repeatable)",
+    )
     ker.add_argument("-o", "--output", type=Path, required=True, help="output folder")
     return top
 
@@ -187,7 +196,7 @@ def run_install(args: argparse.Namespace) -> None:
 def run_kernels(args: argparse.Namespace) -> None:
     from wheelhouse.kernels import flashinfer_cache, pack
 
-    for line in pack(args.cache or flashinfer_cache(), args.output):
+    for line in pack(args.cache or flashinfer_cache(), args.output, args.add):
         print(line)
 
 

@@ -11,6 +11,10 @@ starting with FlashInfer's; `flashinfer/jit/env.py` and `JitSpec.build_and_load`
 next wheelhouse (`build --find-links`), and a node of the same architecture with the same
 FlashInfer starts without compiling them. On a GPU of another architecture the package names an
 empty folder and FlashInfer compiles as before.
+
+A node that started with such a package compiles only what it lacked, so its cache alone holds
+only those; `pack` joins the kernels of earlier wheels (`packed_kernels`) with the cache's, so the
+next wheel carries both.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import os
 import re
 import sysconfig
+import zipfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,12 +84,17 @@ class CompiledKernels:
 
     version: str
     arch: str  # FlashInfer's workspace name, e.g. "90a" or "80_90a"
-    libraries: dict[str, Path]  # kernel name -> its .so
+    libraries: dict[str, bytes]  # kernel name -> its shared library
 
     @property
     def archs(self) -> tuple[str, ...]:
         """Compute capabilities, major and minor joined as NVML reports them ("90" for "90a")."""
         return tuple(re.sub(r"[a-z]+$", "", a) for a in self.arch.split("_"))
+
+    @property
+    def local(self) -> str:
+        """The wheel's local version label: "sm90a", "sm80.sm90a"."""
+        return "sm" + self.arch.replace("_", ".sm")
 
 
 def flashinfer_cache() -> Path:
@@ -97,7 +108,7 @@ def compiled_kernels(cache: Path) -> list[CompiledKernels]:
     found = []
     for ops in sorted(cache.glob("*/*/cached_ops")):
         libraries = {
-            folder.name: folder / f"{folder.name}.so"
+            folder.name: (folder / f"{folder.name}.so").read_bytes()
             for folder in sorted(ops.iterdir())
             if (folder / f"{folder.name}.so").is_file()
         }
@@ -106,9 +117,44 @@ def compiled_kernels(cache: Path) -> list[CompiledKernels]:
     return found
 
 
-def pack(cache: Path, out: Path) -> list[str]:
-    """One `flashinfer-jit-cache` wheel per FlashInfer version and architecture in `cache`."""
-    found = compiled_kernels(cache)
+def packed_kernels(wheel: Path) -> CompiledKernels:
+    """The kernels of a wheel `pack` wrote, by the version its metadata names (its file may have
+    been renamed on the way: a transfer may refuse the `+` of its name)."""
+    libraries: dict[str, bytes] = {}
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = archive.namelist()
+            metadata = next((n for n in names if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)), "")
+            version = re.search(r"^Version: (\S+)$", archive.read(metadata).decode(), re.M)
+            library = re.compile(rf"{PACKAGE}/jit_cache/([^/]+)/\1\.so")
+            libraries = {
+                match[1]: archive.read(name) for name in names if (match := library.fullmatch(name))
+            }
+    except (OSError, zipfile.BadZipFile, KeyError):
+        version = None
+    release, _, local = version[1].partition("+") if version else ("", "", "")
+    if not re.fullmatch(r"sm\w+(\.sm\w+)*", local):
+        raise WheelhouseError(
+            f"{wheel} is not a readable wheel of `python -m wheelhouse kernels` (a {DISTRIBUTION} "
+            "wheel whose version ends in +sm<arch>): pass a wheel that command packed"
+        )
+    return CompiledKernels(release, local.removeprefix("sm").replace(".sm", "_"), libraries)
+
+
+def joined(kernel_sets: Iterable[CompiledKernels]) -> list[CompiledKernels]:
+    """One set per FlashInfer version and architecture, a later set's library replacing an
+    earlier one of the same name."""
+    by_build: dict[tuple[str, str], dict[str, bytes]] = {}
+    for kernels in kernel_sets:
+        by_build.setdefault((kernels.version, kernels.arch), {}).update(kernels.libraries)
+    return [CompiledKernels(v, a, libraries) for (v, a), libraries in by_build.items()]
+
+
+def pack(cache: Path, out: Path, earlier: Sequence[Path] = ()) -> list[str]:
+    """One `flashinfer-jit-cache` wheel per FlashInfer version and architecture: the kernels of
+    the `earlier` wheels (`packed_kernels`) and those in `cache`, the cache's where both have
+    one."""
+    found = joined([*(packed_kernels(wheel) for wheel in earlier), *compiled_kernels(cache)])
     if not found:
         raise WheelhouseError(
             f"no compiled FlashInfer kernels under {cache}: run the job (or one engine) on this "
@@ -117,17 +163,16 @@ def pack(cache: Path, out: Path) -> list[str]:
     lines = []
     platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
     for kernels in found:
-        local = "sm" + kernels.arch.replace("_", ".sm")
         init = _INIT.format(
-            version=kernels.version, arch=kernels.arch, local=local, archs=kernels.archs
+            version=kernels.version, arch=kernels.arch, local=kernels.local, archs=kernels.archs
         )
         files = {f"{PACKAGE}/__init__.py": init.encode()}
         for name, library in kernels.libraries.items():
-            files[f"{PACKAGE}/jit_cache/{name}/{name}.so"] = library.read_bytes()
+            files[f"{PACKAGE}/jit_cache/{name}/{name}.so"] = library
         wheel = write_wheel(
             out,
             DISTRIBUTION,
-            f"{kernels.version}+{local}",
+            f"{kernels.version}+{kernels.local}",
             files,
             tag=f"py3-none-{platform}",
             summary=f"FlashInfer {kernels.version}'s kernels compiled for {kernels.arch}",

@@ -121,3 +121,50 @@ def test_each_architecture_flashinfer_compiled_for_is_served(tmp_path: Path, arc
     assert found.archs == archs
     (line,) = pack(tmp_path, tmp_path / "out")
     assert f"flashinfer_jit_cache-{VERSION}+{local}-py3-none-" in line
+
+
+def test_a_node_that_started_with_the_wheel_packs_its_kernels_and_the_new_ones(
+    tmp_path: Path, capsys
+):
+    """The node loaded the wheel's kernels and compiled only the rest into its cache: the
+    next wheel holds both, the cache's copy where both have one."""
+    from wheelhouse.kernels import packed_kernels
+
+    earlier = tmp_path / "earlier"
+    ops = tmp_path / "cache" / VERSION / "90a" / "cached_ops"
+    for name, data in [(KERNEL, b"old decode"), ("norm", b"norm")]:
+        (ops / name).mkdir(parents=True)
+        (ops / name / f"{name}.so").write_bytes(data)
+    assert main(["kernels", "--cache", str(tmp_path / "cache"), "-o", str(earlier)]) == 0
+    (wheel,) = earlier.iterdir()
+    carried = wheel.rename(earlier / "flashinfer_jit_cache_sm90a.whl")  # renamed for the trip
+
+    e4m3 = "batch_prefill_with_kv_cache_dtype_q_bf16_dtype_kv_e4m3_head_dim_qk_128"
+    node = tmp_path / "node" / VERSION / "90a" / "cached_ops"
+    for name, data in [(e4m3, b"e4m3 prefill"), (KERNEL, b"new decode")]:
+        (node / name).mkdir(parents=True)
+        (node / name / f"{name}.so").write_bytes(data)
+    argv = ["kernels", "--cache", str(tmp_path / "node"), "--add", str(carried)]
+    assert main([*argv, "-o", str(tmp_path / "next")]) == 0
+
+    assert f"packed 3 kernels of FlashInfer {VERSION} for 90a" in capsys.readouterr().out
+    (packed,) = (tmp_path / "next").iterdir()
+    kernels = packed_kernels(packed)
+    assert (kernels.version, kernels.arch) == (VERSION, "90a")
+    assert kernels.libraries == {e4m3: b"e4m3 prefill", KERNEL: b"new decode", "norm": b"norm"}
+
+
+def test_adding_a_wheel_this_command_did_not_pack_is_one_line_and_exit_2(tmp_path: Path, capsys):
+    from wheelhouse.wheel_file import write_wheel
+
+    official = write_wheel(tmp_path, "flashinfer-jit-cache", f"{VERSION}+cu130", {"x.py": b""})
+    cache = tmp_path / "cache"
+    ops = cache / VERSION / "90a" / "cached_ops" / KERNEL
+    ops.mkdir(parents=True)
+    (ops / f"{KERNEL}.so").write_bytes(b"so")
+    for wheel in (official, tmp_path / "missing.whl"):
+        argv = ["kernels", "--cache", str(cache), "--add", str(wheel)]
+        assert main([*argv, "-o", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "not a readable wheel of `python -m wheelhouse kernels`" in err[0]
+        assert not (tmp_path / "out").exists()
