@@ -2,10 +2,12 @@
 
 With LoRA only the adapter learns: the base weights never change, so they are copied once to
 pinned host memory and afterwards only freed and restored (one host-to-device copy per rollout,
-never a device-to-host one). The adapter, its gradients and its optimizer state are
-adapter-sized and stay resident; moving them would cost more than the memory they hold.
-Without ``--lora-base-cpu-backup`` the base stays on the GPU too and only the allocator's
-cached blocks are given back, which is what the engine's KV cache needs.
+never a device-to-host one). The optimizer's state changes every step, so `OptimizerState`
+copies it out and back each rollout (Adam's two moments: twice the adapter in float32, 1 GiB at
+Qwen3-4B with rank 64 on every linear layer: by the bus's speed about 0.1 s both ways, not
+yet measured); the adapter itself stays.
+Without ``--lora-base-cpu-backup`` the base and the optimizer's state stay on the GPU too and only
+the allocator's cached blocks are given back, which is what the engine's KV cache needs.
 """
 
 from __future__ import annotations
@@ -52,5 +54,48 @@ class FrozenWeights:
             for param, copy in zip(self._frozen, self._copies, strict=True):
                 param.data = copy.to(self.device, non_blocking=True)
         if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.released = False
+
+
+class OptimizerState:
+    """An optimizer's state tensors that live with their parameter (Adam's moments) in pinned
+    host memory while released: copied out on each `release` into buffers made once per
+    parameter, back to the parameter's device on `restore`."""
+
+    def __init__(self, optimizer: Any, device: Any) -> None:
+        self.optimizer = optimizer
+        self.device = device
+        self._host: dict[tuple[int, str], Any] = {}
+        self.released = False
+
+    def release(self) -> None:
+        import torch
+
+        if self.released:
+            raise RuntimeError("release_memory called twice without resume_memory")
+        pin = self.device.type == "cuda"
+        for param, state in self.optimizer.state.items():
+            for key, value in state.items():
+                if not isinstance(value, torch.Tensor) or value.device != param.device:
+                    continue  # e.g. Adam's step count, kept on the host beside a GPU's moments
+                host = self._host.get((id(param), key))
+                if host is None or host.shape != value.shape or host.dtype != value.dtype:
+                    host = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin)
+                    self._host[(id(param), key)] = host
+                state[key] = host.copy_(value)
+        empty_cache(self.device)
+        self.released = True
+
+    def restore(self) -> None:
+        import torch
+
+        if not self.released:
+            raise RuntimeError("resume_memory called without release_memory")
+        for param, state in self.optimizer.state.items():
+            for key, value in state.items():
+                if self._host.get((id(param), key)) is value:
+                    state[key] = value.to(param.device, non_blocking=True)
+        if self.device.type == "cuda":  # the buffers are written again at the next release
             torch.cuda.synchronize(self.device)
         self.released = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.backends.frozen_weights import FrozenWeights
+from trainer.backends.frozen_weights import FrozenWeights, OptimizerState
 
 
 def lora_like_model() -> torch.nn.Module:
@@ -57,3 +57,34 @@ def test_release_and_restore_must_alternate():
     frozen.restore()
     with pytest.raises(RuntimeError, match="without release_memory"):
         frozen.restore()
+
+
+def adam_after_one_step(model: torch.nn.Module) -> torch.optim.AdamW:
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    model["adapter"](torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    return optimizer
+
+
+def test_the_optimizer_state_leaves_and_comes_back_as_it_was():
+    """Adam's moments go to host buffers made once and come back; the next step is the one it
+    would have been without the round trip."""
+    released, kept = lora_like_model(), lora_like_model()
+    optimizer, reference = adam_after_one_step(released), adam_after_one_step(kept)
+    offload = OptimizerState(optimizer, torch.device("cpu"))
+    (state,) = optimizer.state.values()
+    moments = {key: state[key] for key in ("exp_avg", "exp_avg_sq")}
+    offload.release()
+    for key, moment in moments.items():
+        assert state[key] is not moment and torch.equal(state[key], moment)  # copied out
+    buffers = {key: state[key] for key in moments}
+    offload.restore()
+    for optim, model in ((optimizer, released), (reference, kept)):
+        model["adapter"](torch.ones(2, 4)).sum().backward()
+        optim.step()
+    offload.release()
+    assert all(state[key] is buffers[key] for key in moments)  # the buffers reused
+    offload.restore()
+    torch.testing.assert_close(released["adapter"].weight, kept["adapter"].weight, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="without release_memory"):
+        offload.restore()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.backends.base import ForwardOutput, LoraAdapter, LossFn, StepResult, TrainBatch
 from trainer.backends.devices import torch_dtype
 from trainer.backends.flat_tensors import FlatTensors
-from trainer.backends.frozen_weights import FrozenWeights
+from trainer.backends.frozen_weights import FrozenWeights, OptimizerState
 from trainer.backends.torch.targets import peft_lora_config
 from trainer.errors import first_line
 from trainer.run.checkpoint import ADAPTER_DIR, CheckpointError
@@ -199,8 +199,8 @@ class PeftPolicyTrainer:
         seed: int = 0,
     ) -> None:
         """`total_steps`: optimizer steps of the run (the LR schedule's length).
-        `base_cpu_backup`: colocated, free the base weights' GPU memory during rollouts
-        (``--lora-base-cpu-backup``, `trainer.backends.frozen_weights`).
+        `base_cpu_backup`: colocated, free the base weights' and the optimizer state's GPU
+        memory during rollouts (``--lora-base-cpu-backup``, `trainer.backends.frozen_weights`).
         `gradient_checkpointing`: recompute each decoder layer's activations in backward
         (less memory for long sequences, about a third more compute). `logprob_chunk_rows`:
         response tokens per chunk of the log-prob computation (``--log-probs-chunk-size``;
@@ -243,6 +243,9 @@ class PeftPolicyTrainer:
         self.steps = 0
         self.frozen = FrozenWeights(
             self.model.parameters(), self.device, cpu_backup=base_cpu_backup
+        )
+        self.optimizer_state = (
+            OptimizerState(self.optimizer, self.device) if base_cpu_backup else None
         )
 
     def forward(
@@ -444,11 +447,18 @@ class PeftPolicyTrainer:
         return self.merged.base()
 
     def release_memory(self) -> None:
+        """The last step's gradients freed, and with ``--lora-base-cpu-backup`` the base and
+        the optimizer's state off the GPU (`trainer.backends.frozen_weights`)."""
         if self.device.type != "cpu":
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.optimizer_state is not None:
+                self.optimizer_state.release()
             self.frozen.release()
 
     def resume_memory(self) -> None:
         if self.device.type != "cpu":
+            if self.optimizer_state is not None:
+                self.optimizer_state.restore()
             self.frozen.restore()
 
 
