@@ -72,11 +72,17 @@ class InProcessTrainers:
         self.trainer.resume_memory()
 
 
+def step_tokens(spec: Spec) -> int:
+    """Every sample of a step whole, prompt and response: what a KV cache holding them all at
+    once holds."""
+    return spec.prompts * spec.samples * (spec.prompt_len + spec.response_len)
+
+
 def kv_cache_tokens(spec: Spec) -> int:
-    """Ours' SGLang KV cache in tokens (``--sglang-max-total-tokens``): every sample of a step
-    whole, prompt and response, with a quarter to spare. The static fraction alone would
-    reserve about 21 GiB of an H200 for what needs 5.3 GiB at the 0.6B shape."""
-    return math.ceil(1.25 * spec.prompts * spec.samples * (spec.prompt_len + spec.response_len))
+    """Ours' SGLang KV cache cap in tokens (``--sglang-max-total-tokens``): `step_tokens` with a
+    quarter to spare. The static fraction alone would reserve about 21 GiB of an H200 for what
+    needs 5.3 GiB at the 0.6B shape."""
+    return math.ceil(1.25 * step_tokens(spec))
 
 
 def sglang_flags(spec: Spec) -> list[str]:
@@ -90,9 +96,10 @@ def sglang_flags(spec: Spec) -> list[str]:
 def engine_fraction(spec: Spec, config: TrainConfig, free: int) -> float:
     """Ours' ``--sglang-mem-fraction-static`` when `free` bytes of the GPU are free: at least
     `SGLANG_FRACTION`, and as much as SGLang needs to size a KV cache of the step's samples
-    (`kv_cache_tokens`) up to `SGLANG_FRACTION_MAX`. At the Qwen3-4B shape on an 80 GB GPU 0.15
-    holds 31,293 of the 49,152 tokens the step's samples reach, and SGLang would decode them in
-    turns (`memory_estimate.EngineSize.sglang_kv_tokens`). The KV cache in the format `config` gives
+    (`step_tokens`; the cap's spare above them is not reserved) up to `SGLANG_FRACTION_MAX`. At
+    the Qwen3-4B shape on an 80 GB GPU 0.15 holds about 24,000 of the 49,152 tokens the step's
+    samples reach, and SGLang would decode them in turns
+    (`memory_estimate.EngineSize.sglang_kv_tokens`). The KV cache in the format `config` gives
     SGLang (``--kv-cache-dtype``, or ``--sglang-kv-cache-dtype`` in ``--ours-flags``)."""
     from trainer.backends import registry
     from trainer.backends.sglang import kv_format
@@ -111,7 +118,7 @@ def engine_fraction(spec: Spec, config: TrainConfig, free: int) -> float:
         adapter_slots=0 if config.lora.merged else LORA_SLOTS,
         kv_element_bytes=kv_format.element_bytes(kv_cache_dtype, 2),
     )
-    needed = engine.sglang_fraction(kv_tokens=kv_cache_tokens(spec), free=free)
+    needed = engine.sglang_fraction(kv_tokens=step_tokens(spec), free=free)
     return min(SGLANG_FRACTION_MAX, max(SGLANG_FRACTION, needed))
 
 
@@ -148,6 +155,7 @@ def ours_argv(spec: Spec, steps: int) -> list[str]:
         "--hf-checkpoint", spec.model_dir, "--prompt-data", spec.prompt_file,
         "--custom-rm-path", "trainer.tiny.length_parity", "--num-rollout", str(steps),
         "--rollout-batch-size", str(spec.prompts), "--n-samples-per-prompt", str(spec.samples),
+        "--rollout-max-prompt-len", str(spec.prompt_len),
         "--rollout-max-response-len", str(spec.response_len),
         "--global-batch-size", str(spec.prompts * spec.samples),
         "--micro-batch-size", str(spec.micro_batch),
