@@ -20,6 +20,15 @@ def empty_cache(device: Any) -> None:
         torch.cuda.empty_cache()
 
 
+def host_buffer(like: Any, device: Any) -> Any:
+    """An empty host tensor of `like`'s shape and dtype, page-locked where `device` is a GPU so
+    that copies from it to the GPU run asynchronously."""
+    import torch
+
+    pin = torch.device(device).type == "cuda"
+    return torch.empty(like.shape, dtype=like.dtype, pin_memory=pin)
+
+
 def gpu_index(device: str) -> int:
     """``cuda:3`` -> 3; ``cuda`` -> 0."""
     _, _, index = device.partition(":")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from trainer.backends.devices import empty_cache
+from trainer.backends.devices import empty_cache, host_buffer
 
 
 class FrozenWeights:
@@ -35,11 +35,7 @@ class FrozenWeights:
             raise RuntimeError("release_memory called twice without resume_memory")
         if self.cpu_backup:
             if not self._copies:
-                pin = self.device.type == "cuda"  # page-locked: the copy back runs asynchronously
-                self._copies = [
-                    torch.empty(p.shape, dtype=p.dtype, pin_memory=pin).copy_(p.data)
-                    for p in self._frozen
-                ]
+                self._copies = [host_buffer(p, self.device).copy_(p.data) for p in self._frozen]
             for param in self._frozen:
                 param.data = torch.empty(0, dtype=param.dtype, device=self.device)
         empty_cache(self.device)
@@ -61,7 +57,9 @@ class FrozenWeights:
 class OptimizerState:
     """An optimizer's state tensors that live with their parameter (Adam's moments) in pinned
     host memory while released: copied out on each `release` into buffers made once per
-    parameter, back to the parameter's device on `restore`."""
+    parameter, back to the parameter's device on `restore`. The caller gives the freed blocks
+    back to the device (`FrozenWeights.release` does). A buffer is written again only by the
+    next release's copy, queued behind the restore's reads of it on the same stream."""
 
     def __init__(self, optimizer: Any, device: Any) -> None:
         self.optimizer = optimizer
@@ -74,28 +72,21 @@ class OptimizerState:
 
         if self.released:
             raise RuntimeError("release_memory called twice without resume_memory")
-        pin = self.device.type == "cuda"
         for param, state in self.optimizer.state.items():
             for key, value in state.items():
                 if not isinstance(value, torch.Tensor) or value.device != param.device:
                     continue  # e.g. Adam's step count, kept on the host beside a GPU's moments
                 host = self._host.get((id(param), key))
-                if host is None or host.shape != value.shape or host.dtype != value.dtype:
-                    host = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin)
-                    self._host[(id(param), key)] = host
+                if host is None:
+                    host = self._host[(id(param), key)] = host_buffer(value, self.device)
                 state[key] = host.copy_(value)
-        empty_cache(self.device)
         self.released = True
 
     def restore(self) -> None:
-        import torch
-
         if not self.released:
             raise RuntimeError("resume_memory called without release_memory")
         for param, state in self.optimizer.state.items():
             for key, value in state.items():
                 if self._host.get((id(param), key)) is value:
                     state[key] = value.to(param.device, non_blocking=True)
-        if self.device.type == "cuda":  # the buffers are written again at the next release
-            torch.cuda.synchronize(self.device)
         self.released = False
