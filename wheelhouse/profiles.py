@@ -55,6 +55,19 @@ SGLANG_CUDA: dict[str, Rule] = {
     name: rule for name, rule in SGLANG_TRITON.items() if name != "flashinfer-python"
 }
 
+# SGLang's default attention on Hopper, FlashAttention-3 (`attention_backend="fa3"`; it decodes
+# an e4m3 KV cache with FP8 queries), beside the CUDA recipe's path: FA3's kernels for sm80, sm86
+# and sm90a in one library (1,070 MiB, 326 MiB compressed).
+SGLANG_FA3: dict[str, Rule] = {
+    **SGLANG_CUDA,
+    "sglang-kernel": Rule(
+        drop=tuple(
+            p for p in SGLANG_TRITON["sglang-kernel"].drop if p != "sgl_kernel/flash_ops.abi3.so"
+        ),
+        strip=True,
+    ),
+}
+
 # vLLM's offline `LLM` (TRL's colocated generation) for a dense model on Hopper: FlashAttention 2
 # serves SM90 only for ALiBi or an explicit `flash_attn_version=2` (FA3 otherwise) and is imported
 # behind an ImportError guard; the MoE kernels (routing top-k, MoE align/permute/GEMM) load under
@@ -74,6 +87,7 @@ VLLM_SM90: dict[str, Rule] = {
 PROFILES: dict[str, dict[str, Rule]] = {
     "sglang-triton": SGLANG_TRITON,
     "sglang-cuda": SGLANG_CUDA,
+    "sglang-fa3": SGLANG_FA3,
     "vllm-sm90": VLLM_SM90,
 }
 

@@ -17,7 +17,7 @@ import pytest
 from tests.support.wheel_factory import make_wheel
 from wheelhouse.batches import WheelhouseError
 from wheelhouse.profiles import PROFILES, Rule, rules_for
-from wheelhouse.slim import newer_arch_only, parse_arch, slim_wheel
+from wheelhouse.slim import matches, newer_arch_only, parse_arch, slim_wheel
 
 MEMBERS = {
     "kern/__init__.py": b"",
@@ -116,6 +116,19 @@ def test_the_cuda_profile_keeps_what_flashinfers_jit_compile_needs():
     assert "flashinfer/data/cutlass/" in triton["flashinfer-python"].drop
     assert "flashinfer-python" not in cuda
     assert {k: v for k, v in triton.items() if k != "flashinfer-python"} == cuda
+
+
+def test_the_fa3_profile_keeps_flash_attention_3_and_drops_the_rest_as_the_cuda_profile():
+    """SGLang's default attention on Hopper loads `sgl_kernel.flash_ops`; the FA3 profile keeps
+    that one library and otherwise slims as the CUDA recipe's profile does."""
+    cuda, fa3 = rules_for(["sglang-cuda"]), rules_for(["sglang-fa3"])
+    kernel = fa3["sglang-kernel"]
+    assert matches("sgl_kernel/flash_ops.abi3.so", cuda["sglang-kernel"].drop)
+    assert not matches("sgl_kernel/flash_ops.abi3.so", kernel.drop)
+    assert matches("sgl_kernel/flashmla_ops.abi3.so", kernel.drop) and kernel.strip
+    assert {k: v for k, v in fa3.items() if k != "sglang-kernel"} == {
+        k: v for k, v in cuda.items() if k != "sglang-kernel"
+    }
 
 
 def test_the_vllm_profile_keeps_hoppers_flash_attention_and_the_dense_kernels(tmp_path):

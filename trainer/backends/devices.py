@@ -20,6 +20,14 @@ def empty_cache(device: Any) -> None:
         torch.cuda.empty_cache()
 
 
+def synchronize(device: Any) -> None:
+    """Wait for the work queued on GPU `device` (nothing to wait for on a CPU)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def host_buffer(like: Any, device: Any) -> Any:
     """An empty host tensor of `like`'s shape and dtype, page-locked where `device` is a GPU so
     that copies from it to the GPU run asynchronously."""

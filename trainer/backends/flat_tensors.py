@@ -81,15 +81,21 @@ class FlatTensors(Mapping[str, "torch.Tensor"]):
 
     @classmethod
     def allocate(
-        cls, specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]], *, device: Any
+        cls,
+        specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]],
+        *,
+        device: Any,
+        pin_memory: bool = False,
     ) -> FlatTensors:
         """Room for tensors of the given (name, dtype, shape) on `device`, uninitialised: fill
-        its views in place, without a second copy of them all."""
+        its views in place, without a second copy of them all. `pin_memory` (a host buffer):
+        page-locked, in one allocation however many tensors it holds."""
         import torch
 
         entries = layout(specs)
         size = entries[-1].end if entries else 0
-        return cls(torch.empty(size, dtype=torch.uint8, device=device), entries)
+        buffer = torch.empty(size, dtype=torch.uint8, device=device, pin_memory=pin_memory)
+        return cls(buffer, entries)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         entry = self._by_name[name]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +24,12 @@ from trainer.backends.base import LoraAdapter, SamplingParams
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.lora_merge import lora_layers
 from trainer.backends.sglang import args as sglang_args
-from trainer.backends.sglang.rollout import SGLangRolloutEngine, bucket_packer, merger_for
+from trainer.backends.sglang.rollout import (
+    SGLangRolloutEngine,
+    bucket_packer,
+    merger_for,
+    start,
+)
 
 CONFIG = {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj"], "peft_type": "LORA"}
 
@@ -197,6 +204,38 @@ def test_release_frees_the_weights_only_with_their_cpu_backup(
     engine.resume_memory()
     engine.generate([[1]], SamplingParams(max_new_tokens=1))
     assert sglang.calls == [("release", tags), ("resume", tags), ("generate", None)]
+
+
+@pytest.mark.parametrize(
+    ("server_args", "before", "seen"),
+    [
+        ({"enable_weights_cpu_backup": True}, None, "1"),
+        ({"enable_weights_cpu_backup": True}, "0", "1"),
+        ({}, None, None),  # no host copy to keep
+    ],
+)
+def test_an_engine_whose_weights_leave_the_gpu_keeps_their_pinned_host_copy_between_releases(
+    monkeypatch: pytest.MonkeyPatch,
+    server_args: dict[str, Any],
+    before: str | None,
+    seen: str | None,
+) -> None:
+    """torch_memory_saver reads ``TMS_RETAIN_CPU_BACKUP`` as SGLang's scheduler process starts:
+    the engine is made with it set, and this process's environment is as it was after."""
+    made: list[str | None] = []
+
+    class Engine:
+        def __init__(self, **server_args: Any) -> None:
+            made.append(os.environ.get("TMS_RETAIN_CPU_BACKUP"))
+
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(Engine=Engine))
+    if before is None:
+        monkeypatch.delenv("TMS_RETAIN_CPU_BACKUP", raising=False)
+    else:
+        monkeypatch.setenv("TMS_RETAIN_CPU_BACKUP", before)
+    start(server_args)
+    assert made == [seen]
+    assert os.environ.get("TMS_RETAIN_CPU_BACKUP") == before
 
 
 class WeightsEngine(StandInEngine):
