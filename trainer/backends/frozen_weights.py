@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from trainer.backends.devices import empty_cache, host_buffer, synchronize
+from trainer.backends.devices import empty_cache, host_copies, synchronize
 from trainer.backends.flat_tensors import FlatTensors
 
 
@@ -26,7 +26,7 @@ class FrozenWeights:
         self.cpu_backup = cpu_backup
         unique = {id(p): p for p in parameters}
         self._frozen = [p for p in unique.values() if not p.requires_grad]
-        self._copies: list[Any] = []
+        self._copies: FlatTensors | None = None  # made at the first release
         self.released = False
 
     def release(self) -> None:
@@ -35,8 +35,9 @@ class FrozenWeights:
         if self.released:
             raise RuntimeError("release_memory called twice without resume_memory")
         if self.cpu_backup:
-            if not self._copies:
-                self._copies = [host_buffer(p, self.device).copy_(p.data) for p in self._frozen]
+            if self._copies is None:
+                frozen = {str(index): p.data for index, p in enumerate(self._frozen)}
+                self._copies = host_copies(frozen, self.device)
             for param in self._frozen:
                 param.data = torch.empty(0, dtype=param.dtype, device=self.device)
         empty_cache(self.device)
@@ -46,7 +47,7 @@ class FrozenWeights:
         if not self.released:
             raise RuntimeError("resume_memory called without release_memory")
         if self.cpu_backup:
-            for param, copy in zip(self._frozen, self._copies, strict=True):
+            for param, copy in zip(self._frozen, self._copies.values(), strict=True):
                 param.data = copy.to(self.device, non_blocking=True)
         synchronize(self.device)
         self.released = False
@@ -54,14 +55,9 @@ class FrozenWeights:
 
 class OptimizerState:
     """An optimizer's state tensors that live with their parameter (Adam's moments) in pinned
-    host memory while released: copied out on each `release` into one buffer made at the first
-    release that finds them, back to their parameter's device on `restore`. The caller gives
-    the freed blocks back to the device (`FrozenWeights.release` does).
-
-    One page-locked allocation for them all, not one per tensor: in run R (Qwen3-4B, r64 on
-    every linear layer) the timed step's release, the first to find Adam's state, made 1,008
-    pinned buffers, one per tensor, and took 1.32 s, against 0.014 s without the offload (run
-    Q); how much of it the allocations were has not been measured apart."""
+    host memory while released: copied out on each `release` into one buffer (`host_copies`)
+    made at the first release that finds them, back to their parameter's device on `restore`.
+    The caller gives the freed blocks back to the device (`FrozenWeights.release` does)."""
 
     def __init__(self, optimizer: Any, device: Any) -> None:
         self.optimizer = optimizer
@@ -76,23 +72,17 @@ class OptimizerState:
         if self.released:
             raise RuntimeError("release_memory called twice without resume_memory")
         moving = {
-            f"{index}.{key}": (state, key, param, value)
+            f"{index}.{key}": (state, key, param)
             for index, (param, state) in enumerate(self.optimizer.state.items())
             for key, value in state.items()
             # not e.g. Adam's step count, kept on the host beside a GPU's moments
             if isinstance(value, torch.Tensor) and value.device == param.device
         }
-        specs = [(name, v.dtype, tuple(v.shape)) for name, (*_, v) in moving.items()]
-        if self.host is None or [(e.name, e.dtype, e.shape) for e in self.host.entries] != specs:
-            pin = torch.device(self.device).type == "cuda"
-            self.host = FlatTensors.allocate(specs, device="cpu", pin_memory=pin)
-        for name, (*_, value) in moving.items():
-            self.host[name].copy_(value, non_blocking=True)
-        synchronize(self.device)  # the host copies complete before anything reads them there
-        self._released = []
-        for name, (state, key, param, _) in moving.items():
+        values = {name: state[key] for name, (state, key, _) in moving.items()}
+        self.host = host_copies(values, self.device, reuse=self.host)
+        for name, (state, key, _) in moving.items():
             state[key] = self.host[name]
-            self._released.append((state, key, param))
+        self._released = list(moving.values())
         self.released = True
 
     def restore(self) -> None:
