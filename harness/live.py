@@ -59,6 +59,11 @@ from harness.steps import (
 _POLL_S = 2.0
 _ALIVE_S = 30.0
 _VERIFY_S = 30.0  # for Ray to bind a port it was given
+# Ray's job server answers this (HTTP 500) while its head's dashboard agent has not registered:
+# it waits 10 s for one, and a fresh head on a busy node can take longer. No job exists then,
+# so the submission is made again, for up to `_AGENT_WAIT_S`.
+_NO_AGENT = "No available agent to submit job"
+_AGENT_WAIT_S = 120.0
 StepRunner = Callable[[Step, Mapping[str, str]], None]
 
 
@@ -465,9 +470,7 @@ def run_job(step: RayJobSubmit, client: Any, secrets_of: Mapping[str, str] | Non
     """
     from ray.job_submission import JobStatus
 
-    job_id = client.submit_job(
-        entrypoint=shlex.join(step.entrypoint), runtime_env=dict(step.runtime_env)
-    )
+    job_id = _submit(step, client)
     _progress(f"Ray job {job_id} submitted to {step.address}")
     try:
         hidden = step.secrets if secrets_of is None else secrets_of
@@ -490,6 +493,21 @@ def run_job(step: RayJobSubmit, client: Any, secrets_of: Mapping[str, str] | Non
         if said.startswith("was killed"):  # the driver died of a signal: say which
             reason += f" (train.py {said})"
         raise StepFailed(f"Ray job {job_id} {status.value}{reason}", code)
+
+
+def _submit(step: RayJobSubmit, client: Any) -> str:
+    """`step`'s job submitted, again while Ray says its job agent is not up (`_NO_AGENT`)."""
+    deadline = time.monotonic() + _AGENT_WAIT_S
+    while True:
+        try:
+            return client.submit_job(
+                entrypoint=shlex.join(step.entrypoint), runtime_env=dict(step.runtime_env)
+            )
+        except RuntimeError as err:
+            if _NO_AGENT not in str(err) or time.monotonic() >= deadline:
+                raise
+        _progress(f"Ray's job agent at {step.address} is not up yet; submitting again")
+        time.sleep(_POLL_S)
 
 
 async def _follow_logs(client: Any, job_id: str, hidden: Mapping[str, str]) -> None:

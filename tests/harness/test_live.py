@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from ray.job_submission import JobStatus
@@ -259,6 +260,45 @@ def test_a_job_is_submitted_with_real_secrets_and_its_logs_streamed(capsys, monk
         "runtime_env": {"env_vars": {"WANDB_API_KEY": "real-key"}, "working_dir": "/c"},
     }
     assert capsys.readouterr().out == "step 1\nstep 2\n"
+
+
+class AgentLate(FakeJobClient):
+    """A job server whose head's agent is not up for the first `refusals` submissions."""
+
+    def __init__(self, refusals: int, error: str, *args: Any) -> None:
+        super().__init__(*args)
+        self.refusals, self.error, self.attempts = refusals, error, 0
+
+    def submit_job(self, *, entrypoint: str, runtime_env: dict) -> str:
+        self.attempts += 1
+        if self.attempts <= self.refusals:
+            raise RuntimeError(self.error)
+        return super().submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+
+
+NO_AGENT = (
+    "Request failed with status code 500: No available agent to submit job, please try again "
+    "later.."
+)
+
+
+def test_a_submission_ray_refuses_for_want_of_its_job_agent_is_made_again(monkeypatch, capsys):
+    """Ray says to try again later while its head's dashboard agent registers; the job is then
+    submitted once it is up. Any other refusal, or one past the wait, ends the step."""
+    monkeypatch.setattr("harness.live._POLL_S", 0)
+    client = AgentLate(2, NO_AGENT, [JobStatus.SUCCEEDED])
+    run_job(JOB, client)
+    assert client.attempts == 3 and client.submitted
+    assert capsys.readouterr().err.count("not up yet; submitting again") == 2
+    other = AgentLate(1, "Request failed with status code 400: bad runtime_env", [])
+    with pytest.raises(RuntimeError, match="400"):
+        run_job(JOB, other)
+    assert other.attempts == 1
+    monkeypatch.setattr("harness.live._AGENT_WAIT_S", 0)
+    late = AgentLate(5, NO_AGENT, [])
+    with pytest.raises(RuntimeError, match="No available agent"):
+        run_job(JOB, late)
+    assert late.attempts == 1
 
 
 def test_a_failed_job_reports_its_driver_exit_code():
