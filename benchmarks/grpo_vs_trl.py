@@ -70,8 +70,10 @@ With `--json`, each system's results are written as it ends; a run stopped part 
 node's time limit, say) continues with the same arguments and `--resume`, which runs only the
 systems still pending and reports them all (refused for another workload or another device).
 `--inputs DIR` keeps the random model there, so later runs of the same shape and seed on the
-node reuse it instead of building it again (a minute for the Qwen3-4B shape). `--step-timeout S`
-fails a system that does not answer (start, step) within S seconds and ends its processes.
+node reuse it instead of building it again (a minute for the Qwen3-4B shape); with
+`--inputs-only` the benchmark builds them and exits, without the systems' packages.
+`--step-timeout S` fails a system that does not answer (start, step) within S seconds and ends
+its processes.
 `--report JSON` prints the report of an earlier run's `--json` on any machine (one whose own
 report a node's limit cut) and runs nothing.
 `--SYSTEM-path` puts directories first on that worker's `sys.path` and `PYTHONPATH` only, and
@@ -296,6 +298,13 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         "later runs of the same shape and seed (the Qwen3-4B shape takes a minute to build)",
     )
     parser.add_argument(
+        "--inputs-only",
+        action="store_true",
+        help="build (or keep) --inputs' model and prompts for this workload, then exit without "
+        "the systems' packages: a node makes them while its packages still arrive, and a "
+        "kernel benchmark (SGLang's bench_one_batch) loads the model from DIR/model",
+    )
+    parser.add_argument(
         "--step-timeout",
         type=float,
         metavar="S",
@@ -389,6 +398,10 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
             f"--prompt-len {spec.prompt_len} + --response-len {spec.response_len} tokens: over "
             f"the {spec.max_positions} positions of {model}"
         )
+    if options.inputs_only:
+        if options.inputs is None:
+            parser.error("--inputs-only: give --inputs DIR, the folder to build them in")
+        return options, spec
     missing = missing_packages(spec, options.paths)
     if missing:
         parser.exit(
@@ -451,10 +464,13 @@ def own_path(options: argparse.Namespace, kind: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     options, spec = parse(argv)
-    total = options.warmup + max(options.steps.values())
+    rows = spec.prompts * (options.warmup + max(options.steps.values()) + 2)
+    if options.inputs_only:
+        print(prepare_inputs(spec, rows=rows))
+        return
     with tempfile.TemporaryDirectory(prefix="grpo-vs-trl-") as work:
         spec.work = work
-        print(prepare_inputs(spec, rows=spec.prompts * (total + 2)), flush=True)
+        print(prepare_inputs(spec, rows=rows), flush=True)
         baseline = device_used(spec.device)
         workers: dict[str, Worker] = {}
         run = run_one_at_a_time if options.one_at_a_time else run_side_by_side

@@ -120,6 +120,7 @@ def test_summary(bench):
             ["--response-len", "500"],
             "--prompt-len 16 + --response-len 500 tokens: over the 512 positions of the tiny model",
         ),
+        (["--inputs-only"], "--inputs-only: give --inputs DIR, the folder to build them in"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(bench, capsys, argv, message):
@@ -506,6 +507,20 @@ def test_inputs_keep_the_model_for_the_next_run_of_its_shape_and_seed(bench, tmp
     other.work = str(tmp_path / "run-3")
     assert bench.prepare_inputs(other, rows=8).startswith("built model and prompts in ")
     assert weights.stat().st_mtime_ns != built
+
+
+def test_inputs_only_builds_the_inputs_and_runs_no_system(bench, tmp_path, capsys):
+    """`--inputs-only`: the model and the prompts a run of these arguments would use (its warm-up
+    and timed steps' worth) are in --inputs, and nothing else ran or printed."""
+    inputs = tmp_path / "inputs"
+    argv = ["--device", "cpu", "--tiny", "--warmup", "1", "--steps", "2", "--inputs", str(inputs)]
+    bench.main([*argv, "--inputs-only"])
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 1 and printed[0].startswith("built model and prompts in ")
+    _, spec = bench.parse(argv)
+    assert json.loads((inputs / "model" / "benchmark-model.json").read_text()) == spec.model_key
+    assert len((inputs / "prompts.jsonl").read_text().splitlines()) == spec.prompts * (1 + 2 + 2)
+    assert sorted(p.name for p in inputs.iterdir()) == ["model", "prompts.jsonl"]
 
 
 @pytest.mark.parametrize(
