@@ -306,9 +306,7 @@ def engine_environment(server_args: dict[str, Any]) -> dict[str, str]:
     the engine's weights leave the GPU with a host copy (`releases_weights`), torch_memory_saver
     keeps that copy's pinned buffers from one release to the next (``TMS_RETAIN_CPU_BACKUP``,
     which it reads once, as the process starts); without it every release pins the weights'
-    size of host memory anew (7.7 GiB at the Qwen3-4B shape) and frees it at resume. Run R's
-    release, pinning and copy, took 3.52 s of each step on an H100; kept, only the copy
-    remains (not yet measured)."""
+    size of host memory anew (7.7 GiB at the Qwen3-4B shape) and frees it at resume."""
     return {"TMS_RETAIN_CPU_BACKUP": "1"} if releases_weights(server_args) else {}
 
 
