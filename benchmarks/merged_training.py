@@ -75,6 +75,39 @@ def mean_logprob_loss(count: int) -> Any:
     return loss_fn
 
 
+def benchmark_trainer(spec: Spec, steps: int, **options: Any) -> Any:
+    """A PEFT trainer of `spec`'s model with `grpo_vs_trl.py`'s LoRA (r64, alpha 32, all linear
+    layers), bf16 on a GPU, for `steps` optimizer steps; `options` go to `PeftPolicyTrainer`."""
+    from trainer.backends.torch.trainer import PeftPolicyTrainer
+    from trainer.config import LoraConfig, OptimizerConfig
+
+    return PeftPolicyTrainer(
+        spec.model_dir,
+        LoraConfig(lora_rank=64, lora_alpha=32.0, target_modules="all-linear"),
+        OptimizerConfig(lr=spec.lr),
+        total_steps=steps,
+        device=spec.device,
+        dtype="bf16" if spec.device == "cuda" else "fp32",
+        **options,
+    )
+
+
+def timed_step(trainer: Any, batches: list[Any], loss_fn: Any, cuda: bool) -> tuple[float, int]:
+    """One optimizer step of `trainer`: its seconds and the peak bytes torch allocated in it
+    (0 on the CPU)."""
+    import torch
+
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    trainer.train_step(batches, loss_fn)
+    if not cuda:
+        return time.perf_counter() - started, 0
+    torch.cuda.synchronize()
+    return time.perf_counter() - started, torch.cuda.max_memory_allocated()
+
+
 def merged_equals_engine(trainer: Any, model_dir: str, device: str) -> bool:
     """Every adapted weight the trainer computes with equals the engine's merge."""
     import torch
@@ -114,9 +147,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--steps, --micro-batches and --micro-batch must be >= 1")
     import torch
 
-    from trainer.backends.torch.trainer import PeftPolicyTrainer
-    from trainer.config import LoraConfig, OptimizerConfig
-
     cuda = options.device == "cuda"
     if cuda and not torch.cuda.is_available():
         sys.exit("merged_training: --device cuda, but torch sees no GPU (use --device cpu)")
@@ -129,13 +159,9 @@ def main(argv: list[str] | None = None) -> None:
         )  # fmt: skip
         prepare_inputs(spec, rows=1)
         trainers = {
-            name: PeftPolicyTrainer(
-                spec.model_dir,
-                LoraConfig(lora_rank=64, lora_alpha=32.0, target_modules="all-linear"),
-                OptimizerConfig(lr=spec.lr),
-                total_steps=options.steps + 1,
-                device=options.device,
-                dtype="bf16" if cuda else "fp32",
+            name: benchmark_trainer(
+                spec,
+                options.steps + 1,
                 gradient_checkpointing=options.gradient_checkpointing,
                 **trainer_kwargs,
             )
@@ -148,16 +174,10 @@ def main(argv: list[str] | None = None) -> None:
         peaks: dict[str, int] = dict.fromkeys(trainers, 0)
         for step in range(options.steps + 1):  # the first step warms up
             for name, trainer in trainers.items():
-                if cuda:
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                started = time.perf_counter()
-                trainer.train_step(batches, loss_fn)
-                if cuda:
-                    torch.cuda.synchronize()
-                    peaks[name] = max(peaks[name], torch.cuda.max_memory_allocated())
+                seconds, peak = timed_step(trainer, batches, loss_fn, cuda)
+                peaks[name] = max(peaks[name], peak)
                 if step:
-                    times[name].append(time.perf_counter() - started)
+                    times[name].append(seconds)
         profiles = (
             {
                 name: profile_call(lambda t=trainer: t.train_step(batches, loss_fn), cuda=cuda)

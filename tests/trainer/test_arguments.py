@@ -176,6 +176,14 @@ def test_undeclared_sglang_flags_are_collected() -> None:
         ("--sglang-foo 1", "--sglang-foo needs --rollout-backend sglang"),
         ("--use-dynamic-batch-size", "--use-dynamic-batch-size needs --max-tokens-per-gpu"),
         (
+            "--gradient-checkpointing-layers 4",
+            "--gradient-checkpointing-layers needs --gradient-checkpointing",
+        ),
+        (
+            "--gradient-checkpointing --gradient-checkpointing-layers -2",
+            "--gradient-checkpointing-layers must be -1 (every layer) or >= 0 (got -2)",
+        ),
+        (
             "--recompute-granularity full",
             "--recompute-granularity full needs --recompute-method and --recompute-num-layers",
         ),

@@ -16,6 +16,13 @@ class TorchConfig:
         False,
         help="torch backend: recompute decoder activations in backward (Megatron: --recompute-*)",
     )
+    gradient_checkpointing_layers: int = flag(
+        -1,
+        help="torch backend with --gradient-checkpointing: recompute the first N decoder layers "
+        "only and keep the activations of the others (Megatron: --recompute-method block "
+        "--recompute-num-layers N): less recomputing for more memory; -1, or N at or above the "
+        "model's layers: every layer",
+    )
     torch_compile_layers: bool = flag(
         False,
         help="torch backend: compile each decoder layer with torch.compile (one graph serves "
@@ -43,6 +50,13 @@ class TorchConfig:
     def problems(self) -> Iterator[str]:
         if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
             yield f"--log-probs-chunk-size must be -1 or > 0 (got {self.log_probs_chunk_size})"
+        if self.gradient_checkpointing_layers < -1:
+            yield (
+                "--gradient-checkpointing-layers must be -1 (every layer) or >= 0 "
+                f"(got {self.gradient_checkpointing_layers})"
+            )
+        elif self.gradient_checkpointing_layers != -1 and not self.gradient_checkpointing:
+            yield "--gradient-checkpointing-layers needs --gradient-checkpointing"
 
     def backend_only_flags(self) -> list[str]:
         """Flags given here that no other backend reads: none refused (others ignore them)."""

@@ -68,10 +68,22 @@ def micro_batch_tokens(config: TrainConfig) -> int:
     return config.batch.micro_batch_size * sequence_tokens(config)
 
 
-def recomputes(config: TrainConfig) -> bool:
+def recomputed_layers(config: TrainConfig, layers: int) -> int:
+    """Of a model's `layers` decoder layers, how many recompute their activations in backward:
+    Megatron's block method its ``--recompute-num-layers`` (per pipeline stage: counted whole,
+    as the weights are), its other recompute settings every layer; the torch backend's
+    ``--gradient-checkpointing-layers`` (-1: every layer)."""
     if config.placement.train_backend == "megatron":
-        return config.megatron.recompute_granularity is not None
-    return config.torch.gradient_checkpointing
+        megatron = config.megatron
+        if megatron.recompute_granularity is None:
+            return 0
+        if megatron.recompute_method == "block" and megatron.recompute_num_layers is not None:
+            return min(megatron.recompute_num_layers, layers)
+        return layers
+    if not config.torch.gradient_checkpointing:
+        return 0
+    chosen = config.torch.gradient_checkpointing_layers
+    return layers if chosen == -1 else min(chosen, layers)
 
 
 def sglang_engine(
@@ -128,7 +140,7 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
         shape,
         dtype_bytes=dtype_bytes,
         tokens=micro_batch_tokens(config),
-        gradient_checkpointing=recomputes(config),
+        recomputed_layers=recomputed_layers(config, shape.num_layers),
         kept_merged_weights=config.lora.merged and config.torch.keep_merged_weights,
     )
     fraction = config.sglang.sglang_mem_fraction_static

@@ -10,7 +10,9 @@ The trainer's estimate, per device (conservative: no tensor/pipeline split of th
 * activations kept for backward: 34 x tokens x hidden bytes per decoder layer in 16-bit
   (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
   without the attention-score term that fused attention never stores), twice that in float32;
-  with gradient checkpointing one layer's worth plus each layer's input;
+  a layer whose activations are recomputed (gradient checkpointing) keeps its input alone, and
+  backward recomputes one such layer's worth at a time, once the layers after it have freed
+  theirs;
 * the logits of a micro-batch in float32, twice (the values and their gradient);
 * training the merged policy with its merged weights kept for the step (``--lora-serving
   merged`` and ``--keep-merged-weights``, the default): the adapted weights once more in the
@@ -128,19 +130,23 @@ def trainer_memory(
     *,
     dtype_bytes: int,
     tokens: int,
-    gradient_checkpointing: bool,
+    recomputed_layers: int = 0,
     kept_merged_weights: bool = False,
 ) -> TrainerMemory:
     """`tokens`: of one micro-batch; `dtype_bytes`: of the training dtype (2 bf16, 4 fp32).
-    `kept_merged_weights`: the merged policy trains with one merged copy of each adapted weight
-    kept for the step; merging in every pass instead adds nothing."""
+    `recomputed_layers`: decoder layers whose activations backward recomputes (0: none, the
+    model's layer count: gradient checkpointing of every layer). `kept_merged_weights`: the
+    merged policy trains with one merged copy of each adapted weight kept for the step; merging
+    in every pass instead adds nothing."""
     per_layer = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens * shape.hidden_size
     per_layer = per_layer * dtype_bytes // 2
-    if gradient_checkpointing:
-        layer_inputs = shape.num_layers * tokens * shape.hidden_size * dtype_bytes
-        activations = per_layer + layer_inputs
-    else:
-        activations = per_layer * shape.num_layers
+    recomputed = min(recomputed_layers, shape.num_layers)
+    layer_input = tokens * shape.hidden_size * dtype_bytes
+    # backward runs from the last layer to the first, so the recomputed layers (the first ones,
+    # as Megatron's block method and `--gradient-checkpointing-layers` choose) recompute one at
+    # a time after the kept layers' activations are freed: at least one layer's worth
+    kept = max(shape.num_layers - recomputed, 1 if recomputed else 0)
+    activations = per_layer * kept + layer_input * recomputed
     return TrainerMemory(
         weights=shape.parameters * dtype_bytes,
         lora_states=shape.lora_parameters * LORA_BYTES_PER_PARAM,

@@ -55,33 +55,73 @@ def test_trainer_memory_adds_weights_lora_states_activations_and_logits():
     shape = ModelShape(
         1000, 10, hidden_size=8, num_layers=3, vocab_size=50, kv_bytes_per_token_16bit=0
     )
-    memory = memory_estimate.trainer_memory(
-        shape, dtype_bytes=2, tokens=4, gradient_checkpointing=False
-    )
+    memory = memory_estimate.trainer_memory(shape, dtype_bytes=2, tokens=4)
     assert memory == memory_estimate.TrainerMemory(
         weights=2000, lora_states=160, activations=34 * 4 * 8 * 3, logits=2 * 4 * 50 * 4
     )
     assert memory.total == 2000 + 160 + 3264 + 1600
-    fp32 = memory_estimate.trainer_memory(
-        shape, dtype_bytes=4, tokens=4, gradient_checkpointing=False
-    )
+    fp32 = memory_estimate.trainer_memory(shape, dtype_bytes=4, tokens=4)
     assert (fp32.weights, fp32.activations) == (4000, 2 * 3264)
-    recomputed = memory_estimate.trainer_memory(
-        shape, dtype_bytes=2, tokens=4, gradient_checkpointing=True
-    )
+    recomputed = memory_estimate.trainer_memory(shape, dtype_bytes=2, tokens=4, recomputed_layers=3)
     assert recomputed.activations == 34 * 4 * 8 + 3 * 4 * 8 * 2
+    # the first layer recomputed, two keeping theirs: two layers' worth and one input (its
+    # recompute comes once backward has freed the other two)
+    first = memory_estimate.trainer_memory(shape, dtype_bytes=2, tokens=4, recomputed_layers=1)
+    assert first.activations == 2 * 34 * 4 * 8 + 4 * 8 * 2
+    assert recomputed.activations < first.activations < memory.activations
+    beyond = memory_estimate.trainer_memory(shape, dtype_bytes=2, tokens=4, recomputed_layers=9)
+    assert beyond == recomputed
 
 
 def never_measured() -> memory_estimate.DeviceMemory:
     raise AssertionError("nothing to measure here")
 
 
+@pytest.mark.parametrize(
+    ("extra", "recomputed"),
+    [
+        ((), 0),
+        (("--gradient-checkpointing",), 36),
+        (("--gradient-checkpointing", "--gradient-checkpointing-layers", "20"), 20),
+        (("--gradient-checkpointing", "--gradient-checkpointing-layers", "0"), 0),
+        (("--gradient-checkpointing", "--gradient-checkpointing-layers", "99"), 36),
+        (("--train-backend", "megatron", "--recompute-granularity", "selective"), 36),
+        (
+            ("--train-backend", "megatron", "--recompute-granularity", "full",
+             "--recompute-method", "block", "--recompute-num-layers", "12"),
+            12,
+        ),
+        (
+            ("--train-backend", "megatron", "--recompute-granularity", "full",
+             "--recompute-method", "uniform", "--recompute-num-layers", "2"),
+            36,
+        ),
+    ],
+)  # fmt: skip
+def test_the_recomputed_layers_follow_each_backends_flags(model, extra, recomputed):
+    config = parse_args(argv(model, *extra))
+    assert colocate_memory.recomputed_layers(config, QWEN3_4B.num_layers) == recomputed
+
+
+def test_at_the_seeds_8192_tokens_keeping_16_layers_activations_costs_about_10_gib_more():
+    """Qwen3-4B, one 8,448-token micro-batch in bf16: every layer recomputed holds 2.14 GiB
+    (one layer's 0.68 and 36 inputs), 20 of 36 recomputed 11.76 GiB (16 layers' 10.96 and 20
+    inputs)."""
+    tokens = 8448
+    every = memory_estimate.trainer_memory(
+        QWEN3_4B, dtype_bytes=2, tokens=tokens, recomputed_layers=36
+    )
+    twenty = memory_estimate.trainer_memory(
+        QWEN3_4B, dtype_bytes=2, tokens=tokens, recomputed_layers=20
+    )
+    assert round(every.activations / GIB, 2) == 2.14
+    assert round(twenty.activations / GIB, 2) == 11.76
+
+
 def test_the_benchmark_shape_keeps_both_resident_on_an_h200():
     """0.6B, 512-token samples in micro-batches of 8, SGLang reserving 15%: about 31 GiB of
     140, so no swaps."""
-    trainer = memory_estimate.trainer_memory(
-        QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512, gradient_checkpointing=False
-    )
+    trainer = memory_estimate.trainer_memory(QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512)
     engine = memory_estimate.static_engine_memory(0.15, H200)
     plan = memory_estimate.plan(trainer, engine=engine, engine_source="15%", device=IDLE_H200)
     assert plan.keep and plan.mode == "keep"
@@ -92,9 +132,7 @@ def test_the_benchmark_shape_keeps_both_resident_on_an_h200():
 
 def test_what_others_hold_on_the_gpu_is_not_planned_with():
     """The same job on an H200 where another process holds 100 GiB: about 26 GiB usable."""
-    trainer = memory_estimate.trainer_memory(
-        QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512, gradient_checkpointing=False
-    )
+    trainer = memory_estimate.trainer_memory(QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512)
     engine = memory_estimate.static_engine_memory(0.15, H200)
     shared = memory_estimate.DeviceMemory(free=H200 - 100 * GIB, total=H200)
     plan = memory_estimate.plan(trainer, engine=engine, engine_source="15%", device=shared)
@@ -104,9 +142,7 @@ def test_what_others_hold_on_the_gpu_is_not_planned_with():
 
 
 def test_a_device_too_small_for_both_releases():
-    trainer = memory_estimate.trainer_memory(
-        QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512, gradient_checkpointing=False
-    )
+    trainer = memory_estimate.trainer_memory(QWEN3_0_6B, dtype_bytes=2, tokens=8 * 512)
     engine = memory_estimate.static_engine_memory(0.85, 24 * GIB)
     small = memory_estimate.DeviceMemory(free=24 * GIB, total=24 * GIB)
     plan = memory_estimate.plan(trainer, engine=engine, engine_source="85%", device=small)

@@ -78,13 +78,26 @@ def _sort_sets(config: Any) -> None:
             setattr(config, field.name, sorted(value))
 
 
-def _enable_activation_checkpointing(model: Any) -> None:
-    """Non-reentrant checkpointing of every decoder layer (transformers 5 renamed the call)."""
+def _enable_activation_checkpointing(model: Any, layers: int = -1) -> None:
+    """Non-reentrant checkpointing of the first `layers` decoder layers (-1: every one; the
+    others keep their activations for backward, as Megatron's block recompute method does).
+    Transformers 5 renamed the call; it switches every layer on, each layer's own
+    ``gradient_checkpointing`` then switches the rest off."""
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if layers == -1:
+        return
+    decoder_layers = getattr(model.get_decoder(), "layers", None)
+    if decoder_layers is None:
+        raise ValueError(
+            f"--gradient-checkpointing-layers: {type(model).__name__} has no list of decoder "
+            "layers to choose from; run without it"
+        )
+    for layer in list(decoder_layers)[layers:]:
+        layer.gradient_checkpointing = False
 
 
 @dataclass(frozen=True)
@@ -191,6 +204,7 @@ class PeftPolicyTrainer:
         temperature: float = 1.0,
         entropy_grad: bool = False,
         gradient_checkpointing: bool = False,
+        checkpointed_layers: int = -1,
         logprob_chunk_rows: int = -1,
         base_cpu_backup: bool = False,
         merged: bool = False,
@@ -202,14 +216,15 @@ class PeftPolicyTrainer:
         `base_cpu_backup`: colocated, free the base weights' and the optimizer state's GPU
         memory during rollouts (``--lora-base-cpu-backup``, `trainer.backends.frozen_weights`).
         `gradient_checkpointing`: recompute each decoder layer's activations in backward
-        (less memory for long sequences, about a third more compute). `logprob_chunk_rows`:
-        response tokens per chunk of the log-prob computation (``--log-probs-chunk-size``;
-        -1: `trainer.grpo.logprobs.DEFAULT_CHUNK_ROWS`). `merged`: the engines serve the adapter
-        merged (``--lora-serving merged``), so the policy trained is the merged one
-        (`trainer.backends.torch.merged_policy`). `keep_merged_weights`: merged, each layer
-        merges once per optimizer step and keeps that copy for the step's passes
-        (`MergedPolicy.weights_kept`), else it merges again in every pass. `compile_layers`:
-        each decoder layer compiled (`_compile_decoder_layers`)."""
+        (less memory for long sequences, about a third more compute); `checkpointed_layers`:
+        only the first that many (``--gradient-checkpointing-layers``; -1: all).
+        `logprob_chunk_rows`: response tokens per chunk of the log-prob computation
+        (``--log-probs-chunk-size``; -1: `trainer.grpo.logprobs.DEFAULT_CHUNK_ROWS`). `merged`:
+        the engines serve the adapter merged (``--lora-serving merged``), so the policy trained
+        is the merged one (`trainer.backends.torch.merged_policy`). `keep_merged_weights`:
+        merged, each layer merges once per optimizer step and keeps that copy for the step's
+        passes (`MergedPolicy.weights_kept`), else it merges again in every pass.
+        `compile_layers`: each decoder layer compiled (`_compile_decoder_layers`)."""
         import torch
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
@@ -233,7 +248,7 @@ class PeftPolicyTrainer:
         self.merged = MergedPolicy(self.model, self.compute_dtype) if merged else None
         self.keep_merged_weights = keep_merged_weights
         if gradient_checkpointing:
-            _enable_activation_checkpointing(base)
+            _enable_activation_checkpointing(base, checkpointed_layers)
         if compile_layers:
             _compile_decoder_layers(base)
         self.plain_head = _plain_head(base)
@@ -511,6 +526,7 @@ def create(config: TrainConfig, device: str, *, total_steps: int) -> PeftPolicyT
         temperature=config.rollout.rollout_temperature,
         entropy_grad=config.algorithm.entropy_coef != 0,
         gradient_checkpointing=config.torch.gradient_checkpointing,
+        checkpointed_layers=config.torch.gradient_checkpointing_layers,
         logprob_chunk_rows=config.torch.log_probs_chunk_size,
         base_cpu_backup=config.lora.lora_base_cpu_backup,
         merged=config.lora.merged,

@@ -46,8 +46,13 @@ def logprobs(trainer: PeftPolicyTrainer, batches: list[TrainBatch]) -> list[torc
     [
         ({"merged": True, "gradient_checkpointing": True}, 9),
         pytest.param({"merged": False}, 6, marks=pytest.mark.slow),  # a minute of compiling
+        pytest.param(
+            {"merged": True, "gradient_checkpointing": True, "checkpointed_layers": 1},
+            10,
+            marks=pytest.mark.slow,
+        ),
     ],
-    ids=["merged-recomputed", "adapter"],
+    ids=["merged-recomputed", "adapter", "merged-first-layer-recomputed"],
 )
 def test_compiled_layers_compute_as_the_eager_layers_without_graph_breaks(
     model_dir, options, graphs
@@ -60,7 +65,9 @@ def test_compiled_layers_compute_as_the_eager_layers_without_graph_breaks(
     transformers' hook on the embeddings) compiles for its first length, then once dynamic in
     the length, and those graphs serve all the layers at every length. Merged and checkpointed
     that is 9 graphs, past dynamo's default limit of 8, where training's would run eagerly
-    (`RECOMPILE_LIMIT`)."""
+    (`RECOMPILE_LIMIT`); with only the first layer checkpointed
+    (``--gradient-checkpointing-layers 1``) the layer that keeps its activations trains
+    through one graph more."""
     torch._dynamo.reset()
     counters.clear()
     eager = make_trainer(model_dir, **options)

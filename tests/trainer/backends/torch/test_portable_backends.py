@@ -12,7 +12,7 @@ import pytest
 import torch
 from peft import get_peft_model_state_dict
 
-from tests.support.tiny_training import CountedOps
+from tests.support.tiny_training import CountedOps, mean_logprob_loss, micro_batches
 from trainer import tiny
 from trainer.backends.base import (
     ForwardOutput,
@@ -23,7 +23,12 @@ from trainer.backends.base import (
 )
 from trainer.backends.flat_tensors import FlatTensors
 from trainer.backends.torch.rollout import HFRolloutEngine
-from trainer.backends.torch.trainer import PeftPolicyTrainer, _causal_masks, lr_factor
+from trainer.backends.torch.trainer import (
+    PeftPolicyTrainer,
+    _causal_masks,
+    _enable_activation_checkpointing,
+    lr_factor,
+)
 from trainer.batching import pack
 from trainer.config import LoraConfig, OptimizerConfig
 from trainer.grpo.loss import GRPOConfig, Normalizer, entropy_from_logits
@@ -427,6 +432,62 @@ def test_factories_build_backends_from_argv(model_dir, tmp_path: Path):
         total_steps=3,
     )  # fmt: skip
     assert checkpointed.model.base_model.model.model.gradient_checkpointing
+    first_only = registry.create_trainer(
+        parse_args(["--hf-checkpoint", model_dir, "--prompt-data", "p.jsonl",
+                    "--gradient-checkpointing", "--gradient-checkpointing-layers", "1"]),
+        "cpu",
+        total_steps=3,
+    )  # fmt: skip
+    layers = first_only.model.get_base_model().get_decoder().layers
+    assert [layer.gradient_checkpointing for layer in layers] == [True, False]
+
+
+def test_choosing_the_checkpointed_layers_needs_a_list_of_decoder_layers():
+    class Model(torch.nn.Module):
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict) -> None:
+            pass
+
+        def get_decoder(self) -> torch.nn.Module:
+            return torch.nn.Module()
+
+    _enable_activation_checkpointing(Model())  # every layer: transformers' own call
+    with pytest.raises(ValueError, match="--gradient-checkpointing-layers: Model has no list"):
+        _enable_activation_checkpointing(Model(), 2)
+
+
+def saved_for_backward(trainer: PeftPolicyTrainer, batch: TrainBatch) -> int:
+    """Bytes a training step keeps for backward outside checkpointed layers (a checkpoint's own
+    saved-tensor hooks take what it recomputes, so these see only what stays)."""
+    saved: list[int] = []
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        trainer.train_step([batch], mean_logprob_loss)
+    return sum(saved)
+
+
+def test_checkpointing_the_first_layers_only_keeps_the_others_activations(model_dir):
+    """``--gradient-checkpointing-layers N``: the first N decoder layers recompute their
+    activations, the rest keep theirs, so a step holds more than with every layer recomputed
+    and less than with none (0 of them, or no checkpointing); the gradients are the same
+    either way (above)."""
+    lora, optim = LoraConfig(lora_rank=4, lora_alpha=8.0), OptimizerConfig(lr=1e-2)
+    (batch,) = micro_batches([48])
+    held = {
+        layers: saved_for_backward(
+            PeftPolicyTrainer(
+                model_dir, lora, optim, total_steps=1,
+                gradient_checkpointing=layers is not None,
+                checkpointed_layers=-1 if layers is None else layers,
+            ),
+            batch,
+        )
+        for layers in (None, 0, 1, -1)
+    }  # fmt: skip
+    assert held[-1] < held[1] < min(held[0], held[None])
 
 
 def test_log_probs_chunk_size_chunks_without_changing_the_values(model_dir) -> None:
@@ -471,9 +532,19 @@ class FullLogitsTrainer(PeftPolicyTrainer):
     [
         (FullLogitsTrainer, {}, "all-linear"),
         (PeftPolicyTrainer, {"gradient_checkpointing": True}, "all-linear"),
+        (
+            PeftPolicyTrainer,
+            {"gradient_checkpointing": True, "checkpointed_layers": 1},
+            "all-linear",
+        ),
         (FullLogitsTrainer, {}, "q_proj,lm_head"),
     ],
-    ids=["full-logits", "gradient-checkpointing", "adapted-output-layer"],
+    ids=[
+        "full-logits",
+        "gradient-checkpointing",
+        "first-layer-checkpointed",
+        "adapted-output-layer",
+    ],
 )
 def test_optimizer_step_equals_the_reference_computation(
     model_dir, trainer_class, options, targets

@@ -1,0 +1,46 @@
+"""benchmarks/recompute_layers.py on the CPU's tiny model: one trainer per count of recomputed
+layers steps over the same micro-batches, and bad counts are usage errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import recompute_layers
+
+
+def test_each_count_of_recomputed_layers_steps_in_turn(capsys, tmp_path):
+    recompute_layers.main(
+        ["--device", "cpu", "--tiny", "--steps", "2", "--micro-batches", "2", "--micro-batch",
+         "2", "--response-len", "32", "--layers=-1,1", "--json", str(tmp_path / "out.json"),
+         "--inputs", str(tmp_path / "inputs")]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.startswith("built model and prompts in ")
+    assert (tmp_path / "inputs" / "model" / "benchmark-model.json").is_file()
+    assert (
+        "tiny, cpu, 2 x 2 rows of 16 + 32 tokens (192 per step), LoRA r64 all-linear, merged" in out
+    )
+    rows = [line.split() for line in out.splitlines() if line.split()[3:4] == ["n/a"]]
+    assert [row[0] for row in rows] == ["all", "1"]
+    assert rows[0][-1] == "1.00x"
+    results = json.loads((tmp_path / "out.json").read_text())
+    assert list(results) == ["-1", "1"]
+    assert all(len(r["times"]) == 2 and r["peak"] == 0 for r in results.values())
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--layers=-2"], "-1 (every layer) or >= 0"),
+        (["--layers=4,4"], "each count once"),
+        (["--layers", "all"], "not a list of integers"),
+        (["--steps", "0"], "must be >= 1"),
+    ],
+)
+def test_bad_counts_are_usage_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        recompute_layers.main(["--device", "cpu", "--tiny", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
