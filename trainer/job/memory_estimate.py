@@ -134,19 +134,18 @@ def trainer_memory(
     kept_merged_weights: bool = False,
 ) -> TrainerMemory:
     """`tokens`: of one micro-batch; `dtype_bytes`: of the training dtype (2 bf16, 4 fp32).
-    `recomputed_layers`: decoder layers whose activations backward recomputes (0: none, the
-    model's layer count: gradient checkpointing of every layer). `kept_merged_weights`: the
-    merged policy trains with one merged copy of each adapted weight kept for the step; merging
-    in every pass instead adds nothing."""
+    `recomputed_layers`: decoder layers whose activations backward recomputes, at most the
+    model's (0: none; all of them: gradient checkpointing of every layer).
+    `kept_merged_weights`: the merged policy trains with one merged copy of each adapted weight
+    kept for the step; merging in every pass instead adds nothing."""
     per_layer = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens * shape.hidden_size
     per_layer = per_layer * dtype_bytes // 2
-    recomputed = min(recomputed_layers, shape.num_layers)
     layer_input = tokens * shape.hidden_size * dtype_bytes
     # backward runs from the last layer to the first, so the recomputed layers (the first ones,
     # as Megatron's block method and `--gradient-checkpointing-layers` choose) recompute one at
     # a time after the kept layers' activations are freed: at least one layer's worth
-    kept = max(shape.num_layers - recomputed, 1 if recomputed else 0)
-    activations = per_layer * kept + layer_input * recomputed
+    kept = max(shape.num_layers - recomputed_layers, 1 if recomputed_layers else 0)
+    activations = per_layer * kept + layer_input * recomputed_layers
     return TrainerMemory(
         weights=shape.parameters * dtype_bytes,
         lora_states=shape.lora_parameters * LORA_BYTES_PER_PARAM,

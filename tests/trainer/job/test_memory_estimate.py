@@ -69,8 +69,6 @@ def test_trainer_memory_adds_weights_lora_states_activations_and_logits():
     first = memory_estimate.trainer_memory(shape, dtype_bytes=2, tokens=4, recomputed_layers=1)
     assert first.activations == 2 * 34 * 4 * 8 + 4 * 8 * 2
     assert recomputed.activations < first.activations < memory.activations
-    beyond = memory_estimate.trainer_memory(shape, dtype_bytes=2, tokens=4, recomputed_layers=9)
-    assert beyond == recomputed
 
 
 def never_measured() -> memory_estimate.DeviceMemory:

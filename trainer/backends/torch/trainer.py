@@ -96,7 +96,7 @@ def _enable_activation_checkpointing(model: Any, layers: int = -1) -> None:
             f"--gradient-checkpointing-layers: {type(model).__name__} has no list of decoder "
             "layers to choose from; run without it"
         )
-    for layer in list(decoder_layers)[layers:]:
+    for layer in decoder_layers[layers:]:
         layer.gradient_checkpointing = False
 
 
