@@ -217,7 +217,8 @@ class PeftPolicyTrainer:
         memory during rollouts (``--lora-base-cpu-backup``, `trainer.backends.frozen_weights`).
         `gradient_checkpointing`: recompute each decoder layer's activations in backward
         (less memory for long sequences, about a third more compute); `checkpointed_layers`:
-        only the first that many (``--gradient-checkpointing-layers``; -1: all).
+        only the first that many (``--gradient-checkpointing-layers``; -1: all; 0: none, and
+        transformers' checkpointing hooks stay off).
         `logprob_chunk_rows`: response tokens per chunk of the log-prob computation
         (``--log-probs-chunk-size``; -1: `trainer.grpo.logprobs.DEFAULT_CHUNK_ROWS`). `merged`:
         the engines serve the adapter merged (``--lora-serving merged``), so the policy trained
@@ -247,7 +248,7 @@ class PeftPolicyTrainer:
         _sort_sets(self.model.peft_config["default"])
         self.merged = MergedPolicy(self.model, self.compute_dtype) if merged else None
         self.keep_merged_weights = keep_merged_weights
-        if gradient_checkpointing:
+        if gradient_checkpointing and checkpointed_layers != 0:
             _enable_activation_checkpointing(base, checkpointed_layers)
         if compile_layers:
             _compile_decoder_layers(base)

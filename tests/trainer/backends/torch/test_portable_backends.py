@@ -472,7 +472,8 @@ def saved_for_backward(trainer: PeftPolicyTrainer, batch: TrainBatch) -> int:
 def test_checkpointing_the_first_layers_only_keeps_the_others_activations(model_dir):
     """``--gradient-checkpointing-layers N``: the first N decoder layers recompute their
     activations, the rest keep theirs, so a step holds more than with every layer recomputed
-    and less than with none (0 of them, or no checkpointing); the gradients are the same
+    and less than with none; 0 of them is no checkpointing at all (transformers' hooks, which
+    make the embeddings' output require gradients, stay off). The gradients are the same
     either way (above)."""
     lora, optim = LoraConfig(lora_rank=4, lora_alpha=8.0), OptimizerConfig(lr=1e-2)
     (batch,) = micro_batches([48])
@@ -487,7 +488,7 @@ def test_checkpointing_the_first_layers_only_keeps_the_others_activations(model_
         )
         for layers in (None, 0, 1, -1)
     }  # fmt: skip
-    assert held[-1] < held[1] < min(held[0], held[None])
+    assert held[-1] < held[1] < held[0] == held[None]
 
 
 def test_log_probs_chunk_size_chunks_without_changing_the_values(model_dir) -> None:
