@@ -21,7 +21,7 @@ class TorchConfig:
         help="torch backend with --gradient-checkpointing: recompute the first N decoder layers "
         "only and keep the activations of the others (Megatron: --recompute-method block "
         "--recompute-num-layers N): less recomputing for more memory; -1, or N at or above the "
-        "model's layers: every layer",
+        "model's layers: every layer; 0: none",
     )
     torch_compile_layers: bool = flag(
         False,
