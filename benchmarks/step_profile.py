@@ -1,7 +1,9 @@
 """Where a step's time goes: how long the device computed of its wall time, how many kernels
 were launched for it, and which took the longest. From torch.profiler run around a call in this
 process (`profile_call`), or from the chrome traces another process wrote, e.g. SGLang's
-scheduler through ``Engine.start_profile`` (`profile_traces`).
+scheduler through ``Engine.start_profile`` (`profile_traces`). From the command line, per step of
+the traces given (``python3 benchmarks/step_profile.py TRACE... --steps N``), e.g. the decode steps
+``python -m sglang.bench_one_batch --profile --profile-stage decode --profile-steps N`` traced.
 
 A step whose device is busy for a small share of its wall time is bound by the host (Python,
 operator dispatch, scheduling, kernel launches), not by the device: faster kernels would not
@@ -10,6 +12,7 @@ shorten it. The profiler's own overhead lengthens the host side, so the share is
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import time
@@ -100,18 +103,24 @@ def profile_call(call: Callable[[], object], *, cuda: bool, top: int = 8) -> Ste
     )
 
 
-def profile_traces(paths: Sequence[Path], *, wall_s: float, top: int = 8) -> StepProfile:
-    """The device work in chrome traces (``.json`` or ``.json.gz``, one per rank: busy time is
-    their union) recorded during `wall_s` seconds."""
+def trace_events(paths: Sequence[Path]) -> list[dict]:
+    """The complete ("X") events of chrome traces (``.json`` or ``.json.gz``)."""
     events = []
     for path in paths:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as trace:
-            events += [
-                event
-                for event in json.load(trace).get("traceEvents", [])
-                if event.get("ph") == "X" and event.get("cat") in DEVICE_CATEGORIES
-            ]
+            events += [e for e in json.load(trace).get("traceEvents", []) if e.get("ph") == "X"]
+    return events
+
+
+def profile_traces(paths: Sequence[Path], *, wall_s: float, top: int = 8) -> StepProfile:
+    """The device work in chrome traces (``.json`` or ``.json.gz``, one per rank: busy time is
+    their union) recorded during `wall_s` seconds."""
+    return device_profile(trace_events(paths), wall_s=wall_s, top=top)
+
+
+def device_profile(events: Sequence[dict], *, wall_s: float, top: int) -> StepProfile:
+    events = [event for event in events if event.get("cat") in DEVICE_CATEGORIES]
     spans = [(e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in events]
     return StepProfile(
         wall_s=wall_s,
@@ -120,3 +129,45 @@ def profile_traces(paths: Sequence[Path], *, wall_s: float, top: int = 8) -> Ste
         device_busy_s=busy_seconds(spans),
         top=ranked(((e["name"], e["dur"] / 1e6) for e in events), top),
     )
+
+
+def traced_steps(paths: Sequence[Path], *, steps: int, top: int) -> list[str]:
+    """Per step, in milliseconds: the wall time the traces span (their first event's start to
+    the last one's end, host and device), the device's busy time, and the longest kernels."""
+    events = trace_events(paths)
+    if not events:
+        raise SystemExit(f"step_profile: no events in {', '.join(map(str, paths))}")
+    span_s = (max(e["ts"] + e.get("dur", 0) for e in events) - min(e["ts"] for e in events)) / 1e6
+    profile = device_profile(events, wall_s=span_s, top=top)
+    busy = profile.device_busy_s or 0.0
+    head = (
+        f"per step ({steps} in the traces' {span_s:.4f} s): wall {1e3 * span_s / steps:.3f} ms, "
+        f"device busy {1e3 * busy / steps:.3f} ms ({busy / span_s:.0%}), "
+        f"{profile.kernels / steps:.0f} kernels"
+    )
+    return [head] + [
+        f"  {1e3 * s / steps:8.3f} ms {calls / steps:7.1f}x  {label[:100]}"
+        for label, s, calls in profile.top
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Where the time of the steps in torch.profiler chrome traces went, e.g. "
+        "SGLang's decode under `python -m sglang.bench_one_batch --profile --profile-stage "
+        "decode --profile-steps N`."
+    )
+    parser.add_argument("traces", nargs="+", type=Path, help="chrome traces, .json or .json.gz")
+    parser.add_argument("--steps", type=int, default=1, help="steps the traces hold")
+    parser.add_argument("--top", type=int, default=25, help="kernels listed")
+    options = parser.parse_args(argv)
+    missing = [str(path) for path in options.traces if not path.is_file()]
+    if missing:
+        parser.error(f"no such trace: {', '.join(missing)}")
+    if options.steps < 1:
+        parser.error("--steps counts the traced steps: 1 or more")
+    print("\n".join(traced_steps(options.traces, steps=options.steps, top=options.top)))
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,13 @@ import json
 import pytest
 import torch
 
-from benchmarks.step_profile import StepProfile, busy_seconds, profile_call, profile_traces
+from benchmarks.step_profile import (
+    StepProfile,
+    busy_seconds,
+    main,
+    profile_call,
+    profile_traces,
+)
 
 
 def test_the_host_operators_of_a_call_are_counted_and_ranked():
@@ -59,3 +65,30 @@ def test_a_trace_s_device_work_is_summed_across_ranks(tmp_path):
     assert profile.device_busy_s == pytest.approx(650e-6)  # 0-600 and 650-700
     assert profile.top == [("gemm", pytest.approx(800e-6), 2), ("attn", pytest.approx(100e-6), 1)]
     assert profile.lines("merged")[0] == "merged: 0.002 s, device busy 0.001 s (32%), 4 kernels"
+
+
+def test_traced_steps_divide_the_trace_s_span_and_kernels_by_the_steps(tmp_path, capsys):
+    """Two decode steps of 10 ms each, the device busy for 6 of every 10."""
+    events = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 5}]
+    for step in (0, 10_000):
+        events += [
+            {"ph": "X", "cat": "kernel", "name": "nvjet_gemm", "ts": step + 1000, "dur": 4000},
+            {"ph": "X", "cat": "kernel", "name": "flash_fwd", "ts": step + 5000, "dur": 2000},
+        ]
+    events.append({"ph": "X", "cat": "cpu_op", "name": "sample", "ts": 19_000, "dur": 1000})
+    trace = tmp_path / "decode.trace.json.gz"
+    with gzip.open(trace, "wt") as out:
+        json.dump({"traceEvents": events}, out)
+    main([str(trace), "--steps", "2", "--top", "1"])
+    assert capsys.readouterr().out.splitlines() == [
+        "per step (2 in the traces' 0.0200 s): wall 10.000 ms, device busy 6.000 ms (60%), "
+        "2 kernels",
+        "     4.000 ms     1.0x  nvjet_gemm",
+    ]
+
+
+def test_a_missing_trace_is_one_line_of_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "none.json")])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"no such trace: {tmp_path}/none.json")
