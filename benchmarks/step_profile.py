@@ -135,9 +135,10 @@ def traced_steps(paths: Sequence[Path], *, steps: int, top: int) -> list[str]:
     """Per step, in milliseconds: the wall time the traces span (their first event's start to
     the last one's end, host and device), the device's busy time, and the longest kernels."""
     events = trace_events(paths)
-    if not events:
-        raise SystemExit(f"step_profile: no events in {', '.join(map(str, paths))}")
-    span_s = (max(e["ts"] + e.get("dur", 0) for e in events) - min(e["ts"] for e in events)) / 1e6
+    start = min((e["ts"] for e in events), default=0)
+    span_s = (max((e["ts"] + e.get("dur", 0) for e in events), default=0) - start) / 1e6
+    if span_s <= 0:
+        raise SystemExit(f"step_profile: no timed events in {', '.join(map(str, paths))}")
     profile = device_profile(events, wall_s=span_s, top=top)
     busy = profile.device_busy_s or 0.0
     head = (

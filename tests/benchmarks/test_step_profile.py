@@ -92,3 +92,10 @@ def test_a_missing_trace_is_one_line_of_error(tmp_path, capsys):
         main([str(tmp_path / "none.json")])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1].endswith(f"no such trace: {tmp_path}/none.json")
+
+
+def test_a_trace_without_timed_events_is_one_line_of_error(tmp_path):
+    trace = tmp_path / "empty.json"
+    trace.write_text(json.dumps({"traceEvents": [{"ph": "M", "name": "process_name"}]}))
+    with pytest.raises(SystemExit, match=f"^step_profile: no timed events in {trace}$"):
+        main([str(trace)])
