@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from trainer.grpo.logprobs import DEFAULT_CHUNK_ROWS, token_logprobs
+from trainer.grpo.logprob_chunks import DEFAULT_CHUNK_ROWS
+from trainer.grpo.logprobs import token_logprobs
 from trainer.grpo.loss import entropy_from_logits
 
 VARIANTS = ("before", "after")

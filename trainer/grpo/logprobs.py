@@ -17,13 +17,7 @@ from typing import Any
 
 import torch
 
-# 512 rows x 151,936 vocabulary x 4 bytes = 311 MB per float32 temporary of a chunk.
-DEFAULT_CHUNK_ROWS = 512
-
-
-def chunk_rows_for(flag: int) -> int:
-    """Rows per chunk for ``--log-probs-chunk-size`` (-1: `DEFAULT_CHUNK_ROWS`)."""
-    return DEFAULT_CHUNK_ROWS if flag == -1 else flag
+from trainer.grpo.logprob_chunks import DEFAULT_CHUNK_ROWS
 
 
 def _scaled_logits(

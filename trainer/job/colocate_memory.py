@@ -20,7 +20,8 @@ from trainer.backends.sglang import args as sglang_args
 from trainer.backends.sglang import kv_format
 from trainer.config import TrainConfig
 from trainer.errors import UsageError
-from trainer.job import memory_estimate, model_shape
+from trainer.grpo.logprob_chunks import chunk_rows_for
+from trainer.job import layer_activations, memory_estimate, model_shape
 from trainer.job.memory_estimate import DeviceMemory, MemoryPlan, ModelShape
 
 
@@ -86,6 +87,24 @@ def recomputed_layers(config: TrainConfig, layers: int) -> int:
     return layers if chosen == -1 else min(chosen, layers)
 
 
+def trainer_layer(config: TrainConfig) -> layer_activations.LayerActivations:
+    """What a decoder layer keeps for backward on the trainer's path: Megatron's, or the
+    torch backend's compiled or eager, training the merged policy or PEFT's."""
+    if config.placement.train_backend == "megatron":
+        return layer_activations.KORTHIKANTI
+    return layer_activations.torch_layer(
+        compiled=config.torch.torch_compile_layers, merged=config.lora.merged
+    )
+
+
+def logit_rows(config: TrainConfig) -> int | None:
+    """The rows whose logits exist at once: the torch backend's chunk of log-probabilities,
+    Megatron's whole micro-batch (None)."""
+    if config.placement.train_backend == "megatron":
+        return None
+    return chunk_rows_for(config.torch.log_probs_chunk_size)
+
+
 def sglang_engine(
     config: TrainConfig,
     shape: ModelShape,
@@ -140,6 +159,8 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
         shape,
         dtype_bytes=dtype_bytes,
         tokens=micro_batch_tokens(config),
+        layer=trainer_layer(config),
+        logit_rows=logit_rows(config),
         recomputed_layers=recomputed_layers(config, shape.num_layers),
         kept_merged_weights=config.lora.merged and config.torch.keep_merged_weights,
     )

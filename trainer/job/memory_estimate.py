@@ -7,13 +7,16 @@ The trainer's estimate, per device (conservative: no tensor/pipeline split of th
 * the base weights in the training dtype (frozen: no gradient, no optimizer state);
 * the LoRA parameters in float32 (PEFT's master copy), their float32 gradients and Adam's two
   float32 moments: 16 bytes per LoRA parameter;
-* activations kept for backward: 34 x tokens x hidden bytes per decoder layer in 16-bit
-  (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-  without the attention-score term that fused attention never stores), twice that in float32;
-  a layer whose activations are recomputed (gradient checkpointing) keeps its input alone, and
-  backward recomputes one such layer's worth at a time, once the layers after it have freed
-  theirs;
-* the logits of a micro-batch in float32, twice (the values and their gradient);
+* activations kept for backward: what one decoder layer keeps per token in 16-bit, by the path
+  the trainer computes it with (`trainer.job.layer_activations`: counted for the torch
+  backend's layer, eager or compiled, PEFT's LoRA or the merged policy; Korthikanti's 34 x
+  hidden for Megatron's), twice that in float32; a layer whose activations are recomputed
+  (gradient checkpointing) keeps its input alone, and backward recomputes one such layer's
+  worth at a time, once the layers after it have freed theirs;
+* float32 logits twice (the values and their gradient), of the rows whose logits exist at
+  once: the torch backend's log-probabilities turn ``--log-probs-chunk-size`` rows at a time
+  into logits (`trainer.grpo.logprobs`, whose backward holds one chunk's float32 logits and
+  probabilities), Megatron's output layer the whole micro-batch's;
 * training the merged policy with its merged weights kept for the step (``--lora-serving
   merged`` and ``--keep-merged-weights``, the default): the adapted weights once more in the
   training dtype (`trainer.backends.torch.merged_policy`).
@@ -35,10 +38,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainer.job.layer_activations import LayerActivations, LayerWidths
+
 GIB = 2**30
 MARGIN = 0.10
 LORA_BYTES_PER_PARAM = 4 + 4 + 2 * 4  # float32 weight, gradient, Adam's two moments
-ACTIVATION_BYTES_PER_TOKEN_HIDDEN_16BIT = 34
 LOGIT_COPIES = 2  # float32 logits and their gradient
 # What SGLang 0.5 captures within its static fraction before it sizes its KV cache from what is
 # left: its CUDA graphs and attention workspaces. On an H100 at the Qwen3-4B shape (decode graphs
@@ -54,11 +58,19 @@ class ModelShape:
 
     parameters: int
     lora_parameters: int
-    hidden_size: int
+    layer: LayerWidths
     num_layers: int
     vocab_size: int
-    kv_bytes_per_token_16bit: int  # K and V of one token over all layers, in 16-bit
     adapted_parameters: int = 0  # of the weights LoRA adapts (a merged engine copies them)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layer.hidden
+
+    @property
+    def kv_bytes_per_token_16bit(self) -> int:
+        """K and V of one token over all layers, in 16-bit."""
+        return 2 * self.num_layers * self.layer.kv * 2
 
 
 @dataclass(frozen=True)
@@ -130,16 +142,19 @@ def trainer_memory(
     *,
     dtype_bytes: int,
     tokens: int,
+    layer: LayerActivations,
+    logit_rows: int | None = None,
     recomputed_layers: int = 0,
     kept_merged_weights: bool = False,
 ) -> TrainerMemory:
-    """`tokens`: of one micro-batch; `dtype_bytes`: of the training dtype (2 bf16, 4 fp32).
+    """`tokens`: of one micro-batch; `dtype_bytes`: of the training dtype (2 bf16, 4 fp32);
+    `layer`: what a decoder layer keeps for backward (`trainer.job.layer_activations`);
+    `logit_rows`: the rows whose logits exist at once (None: the whole micro-batch's).
     `recomputed_layers`: decoder layers whose activations backward recomputes, at most the
     model's (0: none; all of them: gradient checkpointing of every layer).
     `kept_merged_weights`: the merged policy trains with one merged copy of each adapted weight
     kept for the step; merging in every pass instead adds nothing."""
-    per_layer = ACTIVATION_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens * shape.hidden_size
-    per_layer = per_layer * dtype_bytes // 2
+    per_layer = layer.bytes_per_token(shape.layer) * tokens * dtype_bytes // 2
     layer_input = tokens * shape.hidden_size * dtype_bytes
     # backward runs from the last layer to the first, so the recomputed layers (the first ones,
     # as Megatron's block method and `--gradient-checkpointing-layers` choose) recompute one at
@@ -150,7 +165,7 @@ def trainer_memory(
         weights=shape.parameters * dtype_bytes,
         lora_states=shape.lora_parameters * LORA_BYTES_PER_PARAM,
         activations=activations,
-        logits=LOGIT_COPIES * tokens * shape.vocab_size * 4,
+        logits=LOGIT_COPIES * min(tokens, logit_rows or tokens) * shape.vocab_size * 4,
         merged_weights=shape.adapted_parameters * dtype_bytes if kept_merged_weights else 0,
     )
 

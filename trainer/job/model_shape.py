@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.backends.lora_merge import adapts, checkpoint_shapes
+from trainer.job.layer_activations import LayerWidths
 from trainer.job.memory_estimate import ModelShape
 
 
@@ -33,13 +34,6 @@ def adapted_shapes(
     return [shape for name, shape in shapes if adapts(name, shape, wanted)]
 
 
-def lora_parameters(
-    shapes: Sequence[tuple[str, list[int]]], rank: int, targets: Sequence[str]
-) -> int:
-    """LoRA A and B of every adapted weight [out, in]: rank x (in + out) each."""
-    return sum(rank * (out + in_) for out, in_ in adapted_shapes(shapes, targets))
-
-
 def _text_config(model_dir: Path) -> dict[str, Any]:
     config = json.loads((model_dir / "config.json").read_text())
     return config.get("text_config", config)
@@ -51,16 +45,24 @@ def read(model_dir: Path, *, lora_rank: int, lora_targets: Sequence[str]) -> Mod
     try:
         hidden, layers = config["hidden_size"], config["num_hidden_layers"]
         heads, vocab = config["num_attention_heads"], config["vocab_size"]
+        mlp = config["intermediate_size"]
     except KeyError as err:
         raise ModelShapeError(f"{model_dir}/config.json lacks {err.args[0]}") from None
-    head_dim = config.get("head_dim") or hidden // heads
-    kv_heads = config.get("num_key_value_heads") or heads
+    adapted = adapted_shapes(shapes, lora_targets)
+    widths = LayerWidths(
+        hidden=hidden,
+        heads=heads,
+        kv_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or hidden // heads,
+        mlp=mlp,
+        lora_rank=lora_rank,
+        adapted_linears=math.ceil(len(adapted) / layers),
+    )
     return ModelShape(
         parameters=sum(math.prod(shape) for _, shape in shapes),
-        lora_parameters=lora_parameters(shapes, lora_rank, lora_targets),
-        hidden_size=hidden,
+        lora_parameters=sum(lora_rank * (out + in_) for out, in_ in adapted),
+        layer=widths,
         num_layers=layers,
         vocab_size=vocab,
-        kv_bytes_per_token_16bit=2 * layers * kv_heads * head_dim * 2,
-        adapted_parameters=sum(out * in_ for out, in_ in adapted_shapes(shapes, lora_targets)),
+        adapted_parameters=sum(out * in_ for out, in_ in adapted),
     )

@@ -151,7 +151,7 @@ class MegatronPolicyTrainer:
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.utils import get_model_config
 
-        from trainer.grpo.logprobs import chunk_rows_for
+        from trainer.grpo.logprob_chunks import chunk_rows_for
 
         self.lora_config = lora
         self.megatron = megatron

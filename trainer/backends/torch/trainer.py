@@ -220,18 +220,19 @@ class PeftPolicyTrainer:
         only the first that many (``--gradient-checkpointing-layers``; -1: all; 0: none, and
         transformers' checkpointing hooks stay off).
         `logprob_chunk_rows`: response tokens per chunk of the log-prob computation
-        (``--log-probs-chunk-size``; -1: `trainer.grpo.logprobs.DEFAULT_CHUNK_ROWS`). `merged`:
-        the engines serve the adapter merged (``--lora-serving merged``), so the policy trained
-        is the merged one (`trainer.backends.torch.merged_policy`). `keep_merged_weights`:
-        merged, each layer merges once per optimizer step and keeps that copy for the step's
-        passes (`MergedPolicy.weights_kept`), else it merges again in every pass.
+        (``--log-probs-chunk-size``; -1: `trainer.grpo.logprob_chunks.DEFAULT_CHUNK_ROWS`).
+        `merged`: the engines serve the adapter merged (``--lora-serving merged``), so the
+        policy trained is the merged one (`trainer.backends.torch.merged_policy`).
+        `keep_merged_weights`: merged, each layer merges once per optimizer step and keeps that
+        copy for the step's passes (`MergedPolicy.weights_kept`), else it merges again in every
+        pass.
         `compile_layers`: each decoder layer compiled (`_compile_decoder_layers`)."""
         import torch
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
 
         from trainer.backends.torch.merged_policy import MergedPolicy
-        from trainer.grpo.logprobs import chunk_rows_for
+        from trainer.grpo.logprob_chunks import chunk_rows_for
 
         self.device = torch.device(device)
         self.temperature = temperature if temperature > 0 else 1.0

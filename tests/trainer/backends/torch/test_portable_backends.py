@@ -495,7 +495,7 @@ def test_log_probs_chunk_size_chunks_without_changing_the_values(model_dir) -> N
     """miles' --log-probs-chunk-size: tokens per chunk of the log-prob computation."""
     from trainer.arguments import parse_args
     from trainer.backends import registry
-    from trainer.grpo.logprobs import DEFAULT_CHUNK_ROWS
+    from trainer.grpo.logprob_chunks import DEFAULT_CHUNK_ROWS
 
     argv = ["--hf-checkpoint", model_dir, "--prompt-data", "p.jsonl", "--seed", "0"]
     default = registry.create_trainer(parse_args(argv), "cpu", total_steps=1)
