@@ -28,7 +28,8 @@ def checkpoint(root: Path, widths: LayerWidths, layers: int) -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    path = root / f"{widths.hidden}-{widths.heads}-{widths.kv_heads}-{widths.mlp}-{layers}"
+    sizes = (widths.hidden, widths.heads, widths.kv_heads, widths.head_dim, widths.mlp, layers)
+    path = root / "-".join(map(str, sizes))
     if not path.exists():
         config = Qwen3Config(
             vocab_size=VOCAB,
