@@ -24,9 +24,10 @@ keeps a float32 copy of its input (4 bytes a unit) and its output, the projectio
 the MLP its gate, the gate's SiLU, up and their product (8 x MLP); attention the q and k
 norms' float32 copies, q, k and v as the fused kernel takes them, and its output. PEFT's branch
 keeps the rank-wide output of A and, through autocast's cast of PEFT's float32 upcast, another
-16-bit copy of some inputs; the merged policy (`trainer.backends.torch.merged_policy`) keeps
-each projection's input alone. Compiled (``--torch-compile-layers``), Inductor's partitioner
-recomputes the cheap pointwise work in backward instead: the norms' float32 copies, SiLU.
+16-bit copy of some inputs (counted with every linear layer adapted: fewer targets keep less);
+the merged policy (`trainer.backends.torch.merged_policy`) keeps each projection's input alone.
+Compiled (``--torch-compile-layers``), Inductor's partitioner recomputes the cheap pointwise
+work in backward instead: the norms' float32 copies, SiLU.
 
 At Qwen3-4B's widths, rank 64, compiled and merged this gives 109,864 bytes a token (42.9 x
 hidden); run X measured 105,216 more a kept layer than a recomputed one on an H100 (41.1 x
