@@ -4,8 +4,9 @@ ours (`grpo_vs_trl.py`'s model and LoRA, r64 alpha 32 on all linear layers, bf16
 training the merged policy with its merged weights kept), built once per N in turn over the same
 micro-batches (`--micro-batches` x `--micro-batch` rows of 256 prompt + `--response-len` tokens,
 random ids, the loss the mean response log-probability). Reported per N: the median step time,
-the peak memory torch allocated during a step, and the step time against every layer
-recomputed.
+the peak memory torch allocated during a step, beside it what ``--colocate-memory auto``
+estimates for that trainer (`trainer.job.memory_estimate`), and the step time against every
+layer recomputed.
 
     python benchmarks/recompute_layers.py --shape qwen3-4b --response-len 8192 --micro-batch 1 \\
         --micro-batches 8 --layers=-1,24,12 --compile-layers --inputs ~/in-4b-8k   # one GPU
@@ -57,6 +58,27 @@ def timed_steps(
         if step:
             times.append(seconds)
     return times, peak
+
+
+def estimated_bytes(spec: Spec, count: int, *, compiled: bool) -> int:
+    """``--colocate-memory auto``'s estimate of the trainer that recomputes `count` layers (-1:
+    every layer), from the model's files as train.py reads them."""
+    from trainer.backends.megatron.lora_names import resolve_targets
+    from trainer.grpo.logprob_chunks import DEFAULT_CHUNK_ROWS
+    from trainer.job import layer_activations, memory_estimate, model_shape
+
+    targets = resolve_targets("all-linear", None, fused=False).hf
+    shape = model_shape.read(Path(spec.model_dir), lora_rank=64, lora_targets=targets)
+    layers = shape.num_layers if count == -1 else min(count, shape.num_layers)
+    return memory_estimate.trainer_memory(
+        shape,
+        dtype_bytes=2 if spec.device == "cuda" else 4,
+        tokens=spec.micro_batch * (spec.prompt_len + spec.response_len),
+        layer=layer_activations.torch_layer(compiled=compiled, merged=True),
+        logit_rows=DEFAULT_CHUNK_ROWS,
+        recomputed_layers=layers,
+        kept_merged_weights=True,
+    ).total
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
                 vocab = trainer.model.get_base_model().config.vocab_size
                 batches = micro_batches(spec, options.micro_batches, vocab)
             times, peak = timed_steps(trainer, batches, options.steps, cuda)
-            results[count] = {"times": times, "peak": peak}
+            estimate = estimated_bytes(spec, count, compiled=options.compile_layers)
+            results[count] = {"times": times, "peak": peak, "estimate": estimate}
             del trainer
             gc.collect()
             torch._dynamo.reset()  # each count compiles its own layers in its warm-up step
@@ -126,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         "all-linear, merged" + (", layers compiled" if options.compile_layers else "")
     )
     print(
-        f"{'recomputed':<11} {'median s':>9} {'min s':>8} {'peak allocated GiB':>19} {'vs all':>7}"
+        f"{'recomputed':<11} {'median s':>9} {'min s':>8} {'peak allocated GiB':>19} "
+        f"{'estimate GiB':>13} {'vs all':>7}"
     )
     medians = {count: statistics.median(r["times"]) for count, r in results.items()}
     baseline = medians.get(-1)
@@ -134,8 +158,10 @@ def main(argv: list[str] | None = None) -> None:
         peak = f"{result['peak'] / 2**30:.2f}" if cuda else "n/a"
         ratio = f"{medians[count] / baseline:.2f}x" if baseline else "n/a"
         label = "all" if count == -1 else str(count)
+        estimate = f"{result['estimate'] / 2**30:.2f}"
         print(
-            f"{label:<11} {medians[count]:>9.3f} {min(result['times']):>8.3f} {peak:>19} {ratio:>7}"
+            f"{label:<11} {medians[count]:>9.3f} {min(result['times']):>8.3f} {peak:>19} "
+            f"{estimate:>13} {ratio:>7}"
         )
     if options.json:
         options.json.write_text(json.dumps({str(c): r for c, r in results.items()}, indent=1))

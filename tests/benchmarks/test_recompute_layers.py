@@ -1,5 +1,6 @@
 """benchmarks/recompute_layers.py on the CPU's tiny model: one trainer per count of recomputed
-layers steps over the same micro-batches, and bad counts are usage errors."""
+layers steps over the same micro-batches, reported beside `auto`'s estimate of it, and bad
+counts are usage errors."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def test_each_count_of_recomputed_layers_steps_in_turn(capsys, tmp_path):
     results = json.loads((tmp_path / "out.json").read_text())
     assert list(results) == ["-1", "1"]
     assert all(len(r["times"]) == 2 and r["peak"] == 0 for r in results.values())
+    # auto's estimate beside the peak: every layer's input and one layer's worth recomputed at a
+    # time, against one layer kept and one input (the tiny model has two layers)
+    kept_one = results["1"]["estimate"]
+    assert 0 < kept_one < results["-1"]["estimate"]
+    assert [row[4] for row in rows] == [
+        f"{results[count]['estimate'] / 2**30:.2f}" for count in ("-1", "1")
+    ]
 
 
 @pytest.mark.parametrize(
