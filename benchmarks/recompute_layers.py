@@ -62,23 +62,24 @@ def timed_steps(
 
 def estimated_bytes(spec: Spec, count: int, *, compiled: bool) -> int:
     """``--colocate-memory auto``'s estimate of the trainer that recomputes `count` layers (-1:
-    every layer), from the model's files as train.py reads them."""
-    from trainer.backends.megatron.lora_names import resolve_targets
-    from trainer.grpo.logprob_chunks import DEFAULT_CHUNK_ROWS
-    from trainer.job import layer_activations, memory_estimate, model_shape
+    every layer): train.py's own, for the argv of this trainer."""
+    from trainer.arguments import parse_args
+    from trainer.backends import registry
+    from trainer.job import colocate_memory, model_shape
 
-    targets = resolve_targets("all-linear", None, fused=False).hf
+    config = parse_args([
+        "--hf-checkpoint", spec.model_dir, "--prompt-data", spec.prompt_file,
+        "--rollout-max-prompt-len", str(spec.prompt_len),
+        "--rollout-max-response-len", str(spec.response_len),
+        "--micro-batch-size", str(spec.micro_batch),
+        "--lora-rank", "64", "--lora-alpha", "32", "--target-modules", "all-linear",
+        "--lora-serving", "merged", "--dtype", "bf16" if spec.device == "cuda" else "fp32",
+        "--gradient-checkpointing", "--gradient-checkpointing-layers", str(count),
+        *(["--torch-compile-layers"] if compiled else []),
+    ])  # fmt: skip
+    targets = registry.adapter_targets(config).hf
     shape = model_shape.read(Path(spec.model_dir), lora_rank=64, lora_targets=targets)
-    layers = shape.num_layers if count == -1 else min(count, shape.num_layers)
-    return memory_estimate.trainer_memory(
-        shape,
-        dtype_bytes=2 if spec.device == "cuda" else 4,
-        tokens=spec.micro_batch * (spec.prompt_len + spec.response_len),
-        layer=layer_activations.torch_layer(compiled=compiled, merged=True),
-        logit_rows=DEFAULT_CHUNK_ROWS,
-        recomputed_layers=layers,
-        kept_merged_weights=True,
-    ).total
+    return colocate_memory.trainer_estimate(config, shape).total
 
 
 def main(argv: list[str] | None = None) -> None:

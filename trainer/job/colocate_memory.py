@@ -152,18 +152,28 @@ def sglang_engine(
     )
 
 
-def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) -> MemoryPlan:
-    """The plan for one GPU with `device`'s memory."""
-    dtype_bytes = 4 if config.placement.resolve_dtype("cuda") == "fp32" else 2
-    trainer = memory_estimate.trainer_memory(
+def gpu_dtype_bytes(config: TrainConfig) -> int:
+    """Bytes of the training dtype on a GPU."""
+    return 4 if config.placement.resolve_dtype("cuda") == "fp32" else 2
+
+
+def trainer_estimate(config: TrainConfig, shape: ModelShape) -> memory_estimate.TrainerMemory:
+    """The trainer's share of the plan on one GPU."""
+    return memory_estimate.trainer_memory(
         shape,
-        dtype_bytes=dtype_bytes,
+        dtype_bytes=gpu_dtype_bytes(config),
         tokens=micro_batch_tokens(config),
         layer=trainer_layer(config),
         logit_rows=logit_rows(config),
         recomputed_layers=recomputed_layers(config, shape.num_layers),
         kept_merged_weights=config.lora.merged and config.torch.keep_merged_weights,
     )
+
+
+def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) -> MemoryPlan:
+    """The plan for one GPU with `device`'s memory."""
+    dtype_bytes = gpu_dtype_bytes(config)
+    trainer = trainer_estimate(config, shape)
     fraction = config.sglang.sglang_mem_fraction_static
     if config.placement.rollout_backend == "sglang" and fraction is not None:
         engine, source = sglang_engine(config, shape, fraction, device, dtype_bytes)
