@@ -181,7 +181,15 @@ def test_undeclared_sglang_flags_are_collected() -> None:
         ),
         (
             "--gradient-checkpointing --gradient-checkpointing-layers -2",
-            "--gradient-checkpointing-layers must be -1 (every layer) or >= 0 (got -2)",
+            "--gradient-checkpointing-layers must be -1 (every layer), >= 0 or auto (got -2)",
+        ),
+        (
+            "--gradient-checkpointing --gradient-checkpointing-layers most",
+            "--gradient-checkpointing-layers: must be a number of layers or auto, not 'most'",
+        ),
+        (
+            "--gradient-checkpointing-layers auto",
+            "--gradient-checkpointing-layers needs --gradient-checkpointing",
         ),
         (
             "--recompute-granularity full",

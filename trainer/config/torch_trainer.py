@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 from trainer.config.flags import flag
+
+AUTO = "auto"
+
+
+def layer_count(text: str) -> int | str:
+    """argparse ``type`` of ``--gradient-checkpointing-layers``: a count or ``auto``."""
+    if text == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of layers or auto, not {text!r}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -16,12 +32,16 @@ class TorchConfig:
         False,
         help="torch backend: recompute decoder activations in backward (Megatron: --recompute-*)",
     )
-    gradient_checkpointing_layers: int = flag(
+    gradient_checkpointing_layers: int | Literal["auto"] = flag(
         -1,
+        parse=layer_count,
+        metavar="N",
         help="torch backend with --gradient-checkpointing: recompute the first N decoder layers "
         "only and keep the activations of the others (Megatron: --recompute-method block "
         "--recompute-num-layers N): less recomputing for more memory; -1, or N at or above the "
-        "model's layers: every layer; 0: none",
+        "model's layers: every layer; 0: none; auto: on a GPU, the fewest whose trainer fits "
+        "its memory by the estimate of --colocate-memory auto, decided at start (on the CPU: "
+        "every layer)",
     )
     torch_compile_layers: bool = flag(
         False,
@@ -50,13 +70,28 @@ class TorchConfig:
     def problems(self) -> Iterator[str]:
         if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
             yield f"--log-probs-chunk-size must be -1 or > 0 (got {self.log_probs_chunk_size})"
-        if self.gradient_checkpointing_layers < -1:
+        layers = self.gradient_checkpointing_layers
+        if layers != AUTO and layers < -1:
             yield (
-                "--gradient-checkpointing-layers must be -1 (every layer) or >= 0 "
-                f"(got {self.gradient_checkpointing_layers})"
+                "--gradient-checkpointing-layers must be -1 (every layer), >= 0 or auto "
+                f"(got {layers})"
             )
-        elif self.gradient_checkpointing_layers != -1 and not self.gradient_checkpointing:
+        elif layers != -1 and not self.gradient_checkpointing:
             yield "--gradient-checkpointing-layers needs --gradient-checkpointing"
+
+    @property
+    def layers_undecided(self) -> bool:
+        return self.gradient_checkpointing and self.gradient_checkpointing_layers == AUTO
+
+    @property
+    def checkpointed_layers(self) -> int:
+        """The decoder layers recomputed with --gradient-checkpointing (-1: every one). ``auto``
+        is decided at the job's start (`trainer.job.colocate_memory`), before anything asks."""
+        if self.gradient_checkpointing_layers == AUTO:
+            raise ValueError(
+                "--gradient-checkpointing-layers auto is undecided until the job weighs its GPU"
+            )
+        return self.gradient_checkpointing_layers
 
     def backend_only_flags(self) -> list[str]:
         """Flags given here that no other backend reads: none refused (others ignore them)."""

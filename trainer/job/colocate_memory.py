@@ -1,10 +1,12 @@
-"""``--colocate-memory auto`` decided at job start: keep both resident or release, from the
-estimate of `trainer.job.memory_estimate` over the model, the batches and the device's memory.
+"""What the job decides at start from its memory estimate (`trainer.job.memory_estimate`)
+over the model, the batches and the device's memory: ``--colocate-memory auto`` (keep both
+resident or release) and ``--gradient-checkpointing-layers auto`` (the fewest recomputed layers
+whose trainer fits).
 
 The model is sized before Ray starts (`model_shape_for`: a checkpoint without safetensors is a
-usage error); the decision comes once the job knows its device (`resolve`). It returns the
-config with ``release`` or ``keep`` in place of ``auto``: the engines, the trainers and the loop
-only ever see one of those.
+usage error); the decisions come once the job knows its device (`resolve`). It returns the
+config with ``release`` or ``keep`` in place of ``auto``, and a count of layers in place of the
+other ``auto``: the engines, the trainers and the loop only ever see decided values.
 """
 
 from __future__ import annotations
@@ -25,12 +27,21 @@ from trainer.job import layer_activations, memory_estimate, model_shape
 from trainer.job.memory_estimate import DeviceMemory, MemoryPlan, ModelShape
 
 
-def undecided(config: TrainConfig) -> bool:
+def colocate_undecided(config: TrainConfig) -> bool:
     return config.placement.colocate and config.placement.colocate_memory == "auto"
 
 
+def layers_undecided(config: TrainConfig) -> bool:
+    """``--gradient-checkpointing-layers auto``, which only the torch backend reads."""
+    return config.placement.train_backend == "torch" and config.torch.layers_undecided
+
+
+def undecided(config: TrainConfig) -> bool:
+    return colocate_undecided(config) or layers_undecided(config)
+
+
 def model_shape_for(config: TrainConfig) -> ModelShape | None:
-    """The model's shape where ``auto`` has to weigh it, else None. Raises `UsageError`."""
+    """The model's shape where an ``auto`` has to weigh it, else None. Raises `UsageError`."""
     if not undecided(config):
         return None
     try:
@@ -40,7 +51,11 @@ def model_shape_for(config: TrainConfig) -> ModelShape | None:
             lora_targets=registry.adapter_targets(config).hf,
         )
     except model_shape.ModelShapeError as err:
-        raise UsageError(f"--colocate-memory auto: {err}; choose release or keep") from None
+        if colocate_undecided(config):
+            raise UsageError(f"--colocate-memory auto: {err}; choose release or keep") from None
+        raise UsageError(
+            f"--gradient-checkpointing-layers auto: {err}; give it a number of layers"
+        ) from None
 
 
 def sequence_tokens(config: TrainConfig) -> int:
@@ -83,7 +98,7 @@ def recomputed_layers(config: TrainConfig, layers: int) -> int:
         return layers
     if not config.torch.gradient_checkpointing:
         return 0
-    chosen = config.torch.gradient_checkpointing_layers
+    chosen = config.torch.checkpointed_layers
     return layers if chosen == -1 else min(chosen, layers)
 
 
@@ -170,6 +185,25 @@ def trainer_estimate(config: TrainConfig, shape: ModelShape) -> memory_estimate.
     )
 
 
+def released_engine(config: TrainConfig, shape: ModelShape) -> int:
+    """What the colocated engine keeps on the GPU while it is released for training: SGLang its
+    weights and, serving merged weights, the base its merges read (no base is lent where memory
+    is released, `shared_base.lends_base`), unless ``--lora-base-cpu-backup`` sends them to the
+    host with its KV cache; the transformers engine nothing (its model goes to the host)."""
+    placement = config.placement
+    if (
+        not placement.colocate
+        or placement.rollout_backend != "sglang"
+        or config.lora.lora_base_cpu_backup
+    ):
+        return 0
+    dtype_bytes = gpu_dtype_bytes(config)
+    merged = config.lora.merged
+    slots = 0 if merged else sglang_args.LORA_SLOTS
+    weights = memory_estimate.EngineSize(shape, dtype_bytes, adapter_slots=slots).resident
+    return weights + (shape.adapted_parameters * dtype_bytes if merged else 0)
+
+
 def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) -> MemoryPlan:
     """The plan for one GPU with `device`'s memory."""
     dtype_bytes = gpu_dtype_bytes(config)
@@ -193,7 +227,82 @@ def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) ->
             if lent
             else ", + the adapted weights twice to merge into (--lora-serving merged)"
         )
-    return memory_estimate.plan(trainer, engine=engine, engine_source=source, device=device)
+    return memory_estimate.plan(
+        trainer,
+        engine=engine,
+        engine_source=source,
+        device=device,
+        released_engine=released_engine(config, shape),
+    )
+
+
+def _decided(config: TrainConfig, mode: str, layers: int | None) -> TrainConfig:
+    """`config` with memory `mode` and, where given, `layers` recomputed."""
+    placement = replace(config.placement, colocate_memory=mode)
+    if layers is None:
+        return replace(config, placement=placement)
+    torch = replace(config.torch, gradient_checkpointing_layers=layers)
+    return replace(config, placement=placement, torch=torch)
+
+
+def _fits(config: TrainConfig, memory_plan: MemoryPlan) -> bool:
+    if config.placement.colocate and config.placement.colocate_memory == "keep":
+        return memory_plan.keep
+    return memory_plan.trainer_fits
+
+
+def choose(
+    config: TrainConfig, shape: ModelShape, device: DeviceMemory
+) -> tuple[TrainConfig, MemoryPlan]:
+    """`config` decided for `device`, and its plan: ``--colocate-memory auto`` keeps both
+    resident where they fit, else releases; ``--gradient-checkpointing-layers auto`` takes the
+    fewest recomputed layers whose plan fits (kept memory first: no swaps). Raises `UsageError`
+    where no count of layers fits."""
+    modes = (
+        ("keep", "release") if colocate_undecided(config) else (config.placement.colocate_memory,)
+    )
+    counts = range(shape.num_layers + 1) if layers_undecided(config) else (None,)
+
+    def planned(mode: str, layers: int | None) -> tuple[TrainConfig, MemoryPlan]:
+        candidate = _decided(config, mode, layers)
+        return candidate, estimate(candidate, shape, device=device)
+
+    tried = (planned(mode, layers) for mode in modes for layers in counts)
+    fitting = next((pair for pair in tried if _fits(*pair)), None)
+    if fitting is not None:
+        return fitting
+    decided, memory_plan = planned(modes[-1], counts[-1])  # release; every layer recomputed
+    if layers_undecided(config):
+        beside = memory_plan.released_engine
+        kept = (
+            f" beside the {memory_estimate.gib(beside)} GiB the released engine keeps"
+            if beside
+            else ""
+        )
+        raise UsageError(
+            "--gradient-checkpointing-layers auto: with every layer recomputed the trainer "
+            f"needs {memory_estimate.gib(memory_plan.trainer.total)} GiB{kept}, more than the "
+            f"{memory_estimate.gib(memory_plan.available)} GiB usable on the GPU; lower "
+            "--micro-batch-size"
+        )
+    return decided, memory_plan
+
+
+def _layers_line(config: TrainConfig, memory_plan: MemoryPlan, layers: int) -> str:
+    gib = memory_estimate.gib
+    if not config.placement.colocate:
+        where = "alone on its GPU"
+    elif config.placement.colocate_memory == "keep":
+        where = f"beside the engine, both resident ({gib(memory_plan.needed)} GiB)"
+    elif memory_plan.released_engine:
+        where = f"beside the {gib(memory_plan.released_engine)} GiB the released engine keeps"
+    else:
+        where = "while the engine is released"
+    return (
+        f"--gradient-checkpointing-layers auto: {recomputed_layers(config, layers)} of {layers} "
+        f"decoder layers recomputed, the fewest whose trainer ({gib(memory_plan.trainer.total)} "
+        f"GiB) fits {where} in {gib(memory_plan.available)} GiB usable"
+    )
 
 
 def resolve(
@@ -203,17 +312,33 @@ def resolve(
     device: str,
     device_memory: Callable[[], DeviceMemory],
 ) -> TrainConfig:
-    """`config` with ``auto`` decided (one line printed); `device_memory` measures a GPU's
-    memory, called only where the GPU is weighed. On the CPU nothing is swapped: keep."""
+    """`config` with each ``auto`` decided (a line printed for each); `device_memory` measures
+    a GPU's memory, called only where the GPU is weighed. On the CPU nothing is swapped (keep)
+    and nothing weighed (every layer recomputed)."""
     if not undecided(config):
         return config
     if device == "cpu":
-        mode = "keep"
-        print(f"{PROG}: --colocate-memory auto: keep (on the CPU nothing is swapped)", flush=True)
-    elif shape is None:
-        raise ValueError("--colocate-memory auto on a GPU weighs the model's shape: none given")
-    else:
-        memory_plan = estimate(config, shape, device=device_memory())
-        mode = memory_plan.mode
+        decided = _decided(
+            config,
+            "keep" if colocate_undecided(config) else config.placement.colocate_memory,
+            -1 if layers_undecided(config) else None,
+        )
+        if colocate_undecided(config):
+            print(
+                f"{PROG}: --colocate-memory auto: keep (on the CPU nothing is swapped)", flush=True
+            )
+        if layers_undecided(config):
+            print(
+                f"{PROG}: --gradient-checkpointing-layers auto: every layer (on the CPU nothing "
+                "is weighed)",
+                flush=True,
+            )
+        return decided
+    if shape is None:
+        raise ValueError("an auto of the memory plan on a GPU weighs the model's shape: none given")
+    decided, memory_plan = choose(config, shape, device_memory())
+    if colocate_undecided(config):
         print(f"{PROG}: {memory_plan.line()}", flush=True)
-    return replace(config, placement=replace(config.placement, colocate_memory=mode))
+    if layers_undecided(config):
+        print(f"{PROG}: {_layers_line(decided, memory_plan, shape.num_layers)}", flush=True)
+    return decided

@@ -30,7 +30,8 @@ memory for its weights and KV cache, less where ``--sglang-max-total-tokens`` ca
 format, else the model's dtype); the transformers engine holds its weights and the KV cache of
 its samples. Both resident fit in what is free on the device at the job's start (another
 process's memory on a shared GPU is not ours to plan with) less `MARGIN` of its total (CUDA
-context, NCCL buffers, allocator fragmentation).
+context, NCCL buffers, allocator fragmentation); released, the trainer fits in it beside what
+the engine keeps on the device (`MemoryPlan.trainer_fits`).
 """
 
 from __future__ import annotations
@@ -102,6 +103,12 @@ class MemoryPlan:
     engine: int
     engine_source: str  # how the engine's share was reckoned
     device: DeviceMemory
+    released_engine: int = 0  # what a colocated engine keeps on the GPU while released
+
+    @property
+    def trainer_fits(self) -> bool:
+        """The trainer fits beside what the released engine keeps (alone, apart)."""
+        return self.trainer.total + self.released_engine <= self.available
 
     @property
     def available(self) -> int:
@@ -229,8 +236,13 @@ def merged_serving_memory(shape: ModelShape, *, dtype_bytes: int, base_lent: boo
 
 
 def plan(
-    trainer: TrainerMemory, *, engine: int, engine_source: str, device: DeviceMemory
+    trainer: TrainerMemory,
+    *,
+    engine: int,
+    engine_source: str,
+    device: DeviceMemory,
+    released_engine: int = 0,
 ) -> MemoryPlan:
     """Keep both resident where they fit the device's free memory less `MARGIN` of its total;
     else release."""
-    return MemoryPlan(trainer, engine, engine_source, device)
+    return MemoryPlan(trainer, engine, engine_source, device, released_engine)

@@ -528,7 +528,7 @@ def create(config: TrainConfig, device: str, *, total_steps: int) -> PeftPolicyT
         temperature=config.rollout.rollout_temperature,
         entropy_grad=config.algorithm.entropy_coef != 0,
         gradient_checkpointing=config.torch.gradient_checkpointing,
-        checkpointed_layers=config.torch.gradient_checkpointing_layers,
+        checkpointed_layers=config.torch.checkpointed_layers,
         logprob_chunk_rows=config.torch.log_probs_chunk_size,
         base_cpu_backup=config.lora.lora_base_cpu_backup,
         merged=config.lora.merged,
