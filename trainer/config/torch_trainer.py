@@ -80,10 +80,6 @@ class TorchConfig:
             yield "--gradient-checkpointing-layers needs --gradient-checkpointing"
 
     @property
-    def layers_undecided(self) -> bool:
-        return self.gradient_checkpointing and self.gradient_checkpointing_layers == AUTO
-
-    @property
     def checkpointed_layers(self) -> int:
         """The decoder layers recomputed with --gradient-checkpointing (-1: every one). ``auto``
         is decided at the job's start (`trainer.job.colocate_memory`), before anything asks."""

@@ -20,7 +20,7 @@ from trainer.arguments import PROG
 from trainer.backends import registry, shared_base
 from trainer.backends.sglang import args as sglang_args
 from trainer.backends.sglang import kv_format
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, torch_trainer
 from trainer.errors import UsageError
 from trainer.grpo.logprob_chunks import chunk_rows_for
 from trainer.job import layer_activations, memory_estimate, model_shape
@@ -33,7 +33,10 @@ def colocate_undecided(config: TrainConfig) -> bool:
 
 def layers_undecided(config: TrainConfig) -> bool:
     """``--gradient-checkpointing-layers auto``, which only the torch backend reads."""
-    return config.placement.train_backend == "torch" and config.torch.layers_undecided
+    return (
+        config.placement.train_backend == "torch"
+        and config.torch.gradient_checkpointing_layers == torch_trainer.AUTO
+    )
 
 
 def undecided(config: TrainConfig) -> bool:
