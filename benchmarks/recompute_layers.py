@@ -6,10 +6,14 @@ micro-batches (`--micro-batches` x `--micro-batch` rows of 256 prompt + `--respo
 random ids, the loss the mean response log-probability). Reported per N: the median step time,
 the peak memory torch allocated during a step, beside it what ``--colocate-memory auto``
 estimates for that trainer (`trainer.job.memory_estimate`), and the step time against every
-layer recomputed.
+layer recomputed. `--profile` then runs one more step of each count under torch.profiler
+(`step_profile`): the device's busy share of the step, its kernels, the longest ones (which
+attention kernel PyTorch picked among them).
 
     python benchmarks/recompute_layers.py --shape qwen3-4b --response-len 8192 --micro-batch 1 \\
         --micro-batches 8 --layers=-1,24,12 --compile-layers --inputs ~/in-4b-8k   # one GPU
+    python benchmarks/recompute_layers.py --shape qwen3-4b --response-len 8192 --micro-batch 1 \\
+        --micro-batches 8 --layers=4 --compile-layers --profile   # where ours' train step goes
     python benchmarks/recompute_layers.py --device cpu --tiny --layers=-1,1,0   # seconds
 """
 
@@ -21,6 +25,7 @@ import json
 import statistics
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,7 @@ from benchmarks.merged_training import (
     micro_batches,
     timed_step,
 )
+from benchmarks.step_profile import StepProfile, profile_call
 from benchmarks.workload import MODEL_SHAPES, Spec, prepare_inputs
 
 
@@ -58,6 +64,12 @@ def timed_steps(
         if step:
             times.append(seconds)
     return times, peak
+
+
+def profiled_step(trainer: Any, batches: list[Any], cuda: bool) -> dict[str, Any]:
+    """One more step of `trainer` under torch.profiler, summarized (`step_profile`)."""
+    loss_fn = mean_logprob_loss(len(batches))
+    return asdict(profile_call(lambda: trainer.train_step(batches, loss_fn), cuda=cuda, top=12))
 
 
 def estimated_bytes(spec: Spec, count: int, *, compiled: bool) -> int:
@@ -99,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--compile-layers", action="store_true", help="each layer compiled")
     parser.add_argument(
+        "--profile", action="store_true", help="profile one more step of each count"
+    )
+    parser.add_argument(
         "--inputs",
         type=Path,
         help="keep the random model here and reuse it (grpo_vs_trl.py's --inputs)",
@@ -137,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
             times, peak = timed_steps(trainer, batches, options.steps, cuda)
             estimate = estimated_bytes(spec, count, compiled=options.compile_layers)
             results[count] = {"times": times, "peak": peak, "estimate": estimate}
+            if options.profile:
+                results[count]["profile"] = profiled_step(trainer, batches, cuda)
             del trainer
             gc.collect()
             torch._dynamo.reset()  # each count compiles its own layers in its warm-up step
@@ -164,6 +181,11 @@ def main(argv: list[str] | None = None) -> None:
             f"{label:<11} {medians[count]:>9.3f} {min(result['times']):>8.3f} {peak:>19} "
             f"{estimate:>13} {ratio:>7}"
         )
+    if options.profile:
+        print("one more step of each under torch.profiler (its overhead lengthens the host side):")
+        for count, result in results.items():
+            label = "all" if count == -1 else str(count)
+            print("\n".join(StepProfile(**result["profile"]).lines(f"{label} recomputed")))
     if options.json:
         options.json.write_text(json.dumps({str(c): r for c, r in results.items()}, indent=1))
 

@@ -38,6 +38,26 @@ def test_each_count_of_recomputed_layers_steps_in_turn(capsys, tmp_path):
     ]
 
 
+def test_profile_summarizes_one_more_step_of_each_count(capsys, tmp_path):
+    recompute_layers.main(
+        ["--device", "cpu", "--tiny", "--steps", "1", "--micro-batches", "1", "--response-len",
+         "16", "--layers=-1,0", "--profile", "--json", str(tmp_path / "out.json")]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    summary = out.split("one more step of each under torch.profiler")[1].splitlines()[1:]
+    heads = [line for line in summary if not line.startswith("  ")]
+    assert [head.split(":")[0] for head in heads] == ["all recomputed", "0 recomputed"]
+    assert all(" s on the CPU, " in head and head.endswith(" aten ops") for head in heads)
+    profiles = [r["profile"] for r in json.loads((tmp_path / "out.json").read_text()).values()]
+    assert all(p["kernels"] == 0 and 0 < len(p["top"]) <= 12 for p in profiles)
+    # backward through a recomputed layer runs its forward's attention again
+    attention = [
+        sum(calls for name, _, calls in p["top"] if name == "aten::scaled_dot_product_attention")
+        for p in profiles
+    ]
+    assert attention[0] > attention[1]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
