@@ -266,29 +266,34 @@ def choose(
     )
     counts = range(shape.num_layers + 1) if layers_undecided(config) else (None,)
 
-    def planned(mode: str, layers: int | None) -> tuple[TrainConfig, MemoryPlan]:
-        candidate = _decided(config, mode, layers)
-        return candidate, estimate(candidate, shape, device=device)
-
-    tried = (planned(mode, layers) for mode in modes for layers in counts)
-    fitting = next((pair for pair in tried if _fits(*pair)), None)
-    if fitting is not None:
-        return fitting
-    decided, memory_plan = planned(modes[-1], counts[-1])  # release; every layer recomputed
-    if layers_undecided(config):
-        beside = memory_plan.released_engine
-        kept = (
-            f" beside the {memory_estimate.gib(beside)} GiB the released engine keeps"
-            if beside
-            else ""
-        )
-        raise UsageError(
-            "--gradient-checkpointing-layers auto: with every layer recomputed the trainer "
-            f"needs {memory_estimate.gib(memory_plan.trainer.total)} GiB{kept}, more than the "
-            f"{memory_estimate.gib(memory_plan.available)} GiB usable on the GPU; lower "
-            "--micro-batch-size"
-        )
+    for mode in modes:
+        for layers in counts:
+            decided = _decided(config, mode, layers)
+            memory_plan = estimate(decided, shape, device=device)
+            if _fits(decided, memory_plan):
+                return decided, memory_plan
+    if layers_undecided(config):  # the last tried recomputes every layer
+        why = _none_fits(decided, memory_plan)
+        raise UsageError(f"--gradient-checkpointing-layers auto: {why}")
     return decided, memory_plan
+
+
+def _none_fits(config: TrainConfig, memory_plan: MemoryPlan) -> str:
+    """Why even every layer recomputed does not fit, and what to change."""
+    gib = memory_estimate.gib
+    usable = f"{gib(memory_plan.available)} GiB usable on the GPU"
+    if config.placement.colocate and config.placement.colocate_memory == "keep":
+        return (
+            f"with every layer recomputed trainer and engine need {gib(memory_plan.needed)} GiB "
+            f"both resident, more than the {usable}; lower --micro-batch-size or release the "
+            "engine's memory (--colocate-memory release)"
+        )
+    beside = memory_plan.released_engine
+    kept = f" beside the {gib(beside)} GiB the released engine keeps" if beside else ""
+    return (
+        f"with every layer recomputed the trainer needs {gib(memory_plan.trainer.total)} GiB"
+        f"{kept}, more than the {usable}; lower --micro-batch-size"
+    )
 
 
 def _layers_line(config: TrainConfig, memory_plan: MemoryPlan, layers: int) -> str:

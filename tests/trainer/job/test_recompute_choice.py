@@ -123,6 +123,9 @@ def test_a_trainer_that_fits_with_no_count_of_layers_is_one_line(model):
     resident = config_of(model, *SEED_8K)
     with pytest.raises(UsageError, match=r"GiB beside the 14\.\d\d GiB the released engine keeps"):
         colocate_memory.choose(resident, QWEN3_4B, small)
+    kept = config_of(model, *SEED_8K, "--colocate-memory", "keep")
+    with pytest.raises(UsageError, match=r"trainer and engine need \d+\.\d\d GiB both resident"):
+        colocate_memory.choose(kept, QWEN3_4B, small)
 
 
 def test_the_decision_is_printed_and_the_config_holds_a_count(model, capsys):
