@@ -30,6 +30,8 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import psutil
+
 from common.owned_files import NotPrivate, owned_dir, write_atomic
 from common.secrets import is_secret, scrub
 from harness import ownership
@@ -215,23 +217,47 @@ class _SignalsAsInterrupt:
             signal.signal(signum, previous)
 
 
-def _killed_rays(started: list[str]) -> str | None:
+_DAEMONS_SETTLE_S = 2.0  # a node-wide stop or the OOM killer takes the daemons one by one
+
+
+def _killed_rays(started: list[str], settle_s: float = _DAEMONS_SETTLE_S) -> str | None:
     """Why a job lost its Ray, when a Ray head this plan started has lost its GCS, raylet or
-    job server (the dashboard)."""
+    job server (the dashboard). The job notices the first loss: the others get `settle_s` to
+    go too, so that the line names all that went."""
     for tag in started:
-        seen = ownership.of_run(RunTag.parse(tag), ownership.processes())
-        essential = {
-            "gcs_server": any(s.name == "gcs_server" for s in seen),
-            "raylet": any(s.name == "raylet" for s in seen),
-            "dashboard": any("dashboard/dashboard.py" in s.cmdline for s in seen),
-        }
-        if missing := [name for name, alive in essential.items() if not alive]:
+        run = RunTag.parse(tag)
+        missing = _missing_daemons(run)
+        deadline = time.monotonic() + settle_s
+        while missing and len(missing) < len(_ESSENTIAL) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            missing = _missing_daemons(run)
+        if missing:
             return (
                 f"this run's Ray was stopped from outside the launcher while the job ran (its "
                 f"{', '.join(missing)} ended: killed by a signal, a node-wide `ray stop`, the "
                 "OOM killer or the node's shutdown)"
             )
     return None
+
+
+_ESSENTIAL: dict[str, Callable[[ownership.Seen], bool]] = {
+    "gcs_server": lambda s: s.name == "gcs_server",
+    "raylet": lambda s: s.name == "raylet",
+    "dashboard": lambda s: "dashboard/dashboard.py" in s.cmdline,
+}
+
+
+def _missing_daemons(tag: RunTag) -> list[str]:
+    """The essential daemons of run `tag`'s Ray head that no longer run (a zombie has ended)."""
+    running = [s for s in ownership.of_run(tag, ownership.processes()) if _running(s)]
+    return [name for name, is_it in _ESSENTIAL.items() if not any(map(is_it, running))]
+
+
+def _running(seen: ownership.Seen) -> bool:
+    try:
+        return seen.process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _stop_started(started: list[str], plan: Plan, run: StepRunner, env: Mapping[str, str]) -> None:
