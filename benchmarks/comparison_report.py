@@ -128,6 +128,13 @@ def report(
             )
         )
     for name, r in done.items():
+        by_phase = sorted((r.get("peak_by_phase") or {}).items(), key=lambda kv: -kv[1])
+        if len(by_phase) > 1:  # the system named its phases: verl's never reach the sampler
+            print(
+                f"{name} peak by phase, as the peak column, highest first (GiB): "
+                + ", ".join(f"{phase} {peak / GIB:.2f}" for phase, peak in by_phase)
+            )
+    for name, r in done.items():
         phases = phase_medians(r["times"])
         if phases:
             print(f"{name} per step (median): " + ", ".join(f"{k} {v:.3f}" for k, v in phases))

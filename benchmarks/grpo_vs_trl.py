@@ -85,7 +85,9 @@ tokens/s (prompt + response tokens over the rest of the step), peak GPU memory (
 worker's whole process tree, SGLang's scheduler included; and torch's peak allocated and peak
 reserved in the worker itself: NVML's count above the reserved peak is the CUDA context and
 other libraries' memory, the reserved peak above the allocated one about the caching allocator's
-free blocks), the ratio of each other system's median to ours, and the decode roofline: the
+free blocks), the NVML peak within each phase the system times (ours' loop phases; a TRL-driven
+system's rollout and adapter hand-over, the rest of its step as "rest": which phase sets the
+peak), the ratio of each other system's median to ours, and the decode roofline: the
 rollout's throughput against the bound HBM bandwidth sets (weights + LoRA + KV cache read once
 per decode step).
 
@@ -561,15 +563,10 @@ def timed_step(w: Worker, index: int) -> StepTime:
 
 
 def result_of(w: Worker, times: list[StepTime]) -> dict[str, Any]:
-    peak, peak_own, allocated, reserved, per_process = w.finish()
     return {
         "times": [asdict(t) for t in times],
         "summary": summary(times),
-        "peak": peak,
-        "peak_own": peak_own,
-        "allocated": allocated,
-        "reserved": reserved,
-        "per_process": per_process,
+        **w.finish(),
         "versions": w.versions,
     }
 

@@ -8,13 +8,17 @@ import math
 import shlex
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from benchmarks.peak_memory import synchronize
+from benchmarks.peak_memory import PeakMemory, synchronize
 from benchmarks.workload import KV_CACHE_DTYPES, Spec, StepTime
 from trainer.config import TrainConfig
 from trainer.job.memory_estimate import DeviceMemory
+
+if TYPE_CHECKING:
+    from trainer.loop import PhaseObserver
 
 SGLANG_FLAGS = (
     "--sglang-attention-backend triton --sglang-lora-backend triton "
@@ -183,8 +187,19 @@ def device_memory(device: str) -> DeviceMemory:
     return DeviceMemory(free=int(free), total=int(total))
 
 
+def memory_phases(memory: PeakMemory) -> PhaseObserver:
+    """The loop's timed phases as `memory`'s (`GRPOLoop`'s `observe_phase`). Its "step" spans
+    what `PeakMemory.watch` does: within it, the time outside every other phase is the rest."""
+    return lambda name: nullcontext() if name == "step" else memory.phase(name)
+
+
 class Ours:
-    def __init__(self, spec: Spec, steps: int) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        steps: int,
+        observe_phase: PhaseObserver | None = None,
+    ) -> None:
         from transformers import AutoTokenizer
 
         from trainer.backends import registry, shared_base
@@ -223,6 +238,7 @@ class Ours:
                 Path(args.checkpoint.output_dir), total_steps=total, start_step=start
             ),
             colocation=colocation,
+            observe_phase=observe_phase,
         )
         self.next = 0
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -14,7 +16,8 @@ class PeakMemory:
     used memory above `baseline` instead, which then also holds the other system's idle tensors.
     On the CPU: the resident set. `peak_own`: this process's share at the moment of the peak
     (the rest is its children's: SGLang's scheduler, vLLM's workers), where usage is per
-    process.
+    process. `peak_by_phase`: the peak within each phase the system names (`phase`: its
+    rollout, its training), samples outside every named phase under `REST`.
 
     Between steps the sampler rests: side by side, the systems step in turn, and an idle
     system's sampler would only load the host (NVML's process list and a walk of ``/proc``, 50
@@ -23,6 +26,7 @@ class PeakMemory:
 
     INTERVAL_S = 0.02
     PIDS_MAX_AGE_S = 1.0
+    REST = "rest"
 
     def __init__(self, device: str, baseline: int) -> None:
         import psutil
@@ -32,10 +36,12 @@ class PeakMemory:
         self.process = psutil.Process()
         self.peak = 0
         self.peak_own = 0
+        self.peak_by_phase: dict[str, int] = {}
         self.per_process = not self.cuda
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the sampler's and `pause`'s samples, `_watching`
         self._watching = False
+        self._phases: list[str] = []  # the named phases entered, innermost last
         self._pids: set[int] = set()
         self._pids_at = float("-inf")
         self._handle: Any = None
@@ -86,6 +92,9 @@ class PeakMemory:
             return
         if total > self.peak:
             self.peak, self.peak_own = total, own
+        phase = self._phases[-1] if self._phases else self.REST
+        if total > self.peak_by_phase.get(phase, -1):
+            self.peak_by_phase[phase] = total
 
     def watch(self) -> None:
         """A step begins: sample until `pause`."""
@@ -98,6 +107,23 @@ class PeakMemory:
         with self._lock:
             self._watching = False
             self._record()
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Within, samples count as phase `name`'s (phases nest: the innermost counts); one
+        sample as it begins and one as it ends, so that a phase shorter than the interval has
+        its own."""
+        with self._lock:
+            if self._watching:
+                self._record()
+            self._phases.append(name)
+        try:
+            yield
+        finally:
+            with self._lock:
+                if self._watching:
+                    self._record()
+                self._phases.pop()
 
     def idle(self) -> None:
         """Between steps (untimed): hand cached blocks back to the device, so that the systems
@@ -118,6 +144,7 @@ class PeakMemory:
     def reset(self) -> None:
         with self._lock:
             self.peak = self.peak_own = 0
+            self.peak_by_phase = {}
 
     def stop(self) -> int:
         self._stop.set()

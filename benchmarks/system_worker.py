@@ -14,7 +14,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from benchmarks.ours_system import Ours
+from benchmarks.ours_system import Ours, memory_phases
 from benchmarks.peak_memory import PeakMemory
 from benchmarks.trl_system import run_trl
 from benchmarks.workload import Spec, StepTime, package_versions, prompts_of
@@ -70,7 +70,7 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, path: SystemPath, c
                 spec, steps, conn, memory, versions, prompts_of(spec)
             )
         else:
-            system = Ours(spec, steps)
+            system = Ours(spec, steps, memory_phases(memory))
             try:
                 conn.send(("ready", package_versions()))
                 for _ in range(steps):
@@ -91,8 +91,19 @@ def worker(kind: str, spec: Spec, steps: int, baseline: int, path: SystemPath, c
             cuda = spec.device.startswith("cuda")
             allocated = torch.cuda.max_memory_allocated() if cuda else 0
             reserved = torch.cuda.max_memory_reserved() if cuda else None
-        peak = memory.stop()
-        conn.send(("memory", peak, memory.peak_own, allocated, reserved, memory.per_process))
+        conn.send(
+            (
+                "memory",
+                {
+                    "peak": memory.stop(),
+                    "peak_own": memory.peak_own,
+                    "peak_by_phase": memory.peak_by_phase,
+                    "allocated": allocated,
+                    "reserved": reserved,
+                    "per_process": memory.per_process,
+                },
+            )
+        )
     except UsageError as err:  # ours' argv, e.g. a bad --ours-flags: one line
         conn.send(("usage", f"train.py flags: {err}"))
     except BaseException:
@@ -182,10 +193,12 @@ class Worker:
         self.conn.send("step")
         return StepTime(**self.receive())  # plain dicts cross the pipe, not __mp_main__ classes
 
-    def finish(self) -> tuple[int, int, int, int | None, bool]:
-        _, peak, peak_own, allocated, reserved, per_process = self.expect("memory")
+    def finish(self) -> dict[str, Any]:
+        """The worker's memory: NVML's (or the RSS) peak, its own share, its peak by phase,
+        torch's allocated and reserved peaks, whether NVML counted per process."""
+        _, memory = self.expect("memory")
         self.process.join(timeout=120)
-        return peak, peak_own, allocated, reserved, per_process
+        return memory
 
     def stop(self) -> None:
         """End the worker process if it still runs (a failure elsewhere left it waiting, or it

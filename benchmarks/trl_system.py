@@ -172,14 +172,17 @@ def run_trl(spec: Spec, kind: str, steps: int, conn: Any, memory: PeakMemory) ->
             conn.send(asdict(step))
 
     def timed(call: Any, phase: str) -> Any:
-        """`call` with its time (the device synchronized) added to the step's `phase`."""
+        """`call` with its time (the device synchronized) added to the step's `phase`, and
+        `memory`'s samples within it counted as the phase's."""
+        name = ADAPTER_PHASE[kind] if phase == "sync" else phase  # as the step's phases say
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            synchronize(spec.device)
-            started = time.perf_counter()
-            out = call(*args, **kwargs)
-            synchronize(spec.device)
-            timing[phase] += time.perf_counter() - started
+            with memory.phase(name):
+                synchronize(spec.device)
+                started = time.perf_counter()
+                out = call(*args, **kwargs)
+                synchronize(spec.device)
+                timing[phase] += time.perf_counter() - started
             return out
 
         return run

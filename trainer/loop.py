@@ -22,7 +22,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,6 +56,9 @@ from trainer.grpo.rewards import (
 from trainer.run import checkpoint
 from trainer.run.data import RolloutDataSource, Sample, num_rollouts
 from trainer.run.metrics import MetricsLogger
+
+# entered with each timed phase of a step, given its name
+PhaseObserver = Callable[[str], AbstractContextManager[None]]
 
 
 class Tokenizer(Protocol):
@@ -91,14 +94,19 @@ class GRPOLoss:
 
 
 class Timer:
-    def __init__(self) -> None:
+    """Each named phase's seconds (``time/NAME``, summed over its entries); `observe`, where
+    given, is entered with each phase too (a benchmark's memory sampler, say)."""
+
+    def __init__(self, observe: PhaseObserver | None = None) -> None:
         self.times: dict[str, float] = {}
+        self.observe = observe
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with self.observe(name) if self.observe is not None else nullcontext():
+                yield
         finally:
             self.times[f"time/{name}"] = self.times.get(f"time/{name}", 0.0) + (
                 time.perf_counter() - start
@@ -117,10 +125,13 @@ class GRPOLoop:
         eval_sets: Mapping[str, Sequence[Sample]],
         logger_factory: Callable[[int, int], MetricsLogger],
         colocation: Colocation | None = None,
+        observe_phase: PhaseObserver | None = None,
     ) -> None:
         """`colocation`: the trainers and engines as started (`Colocation.start_engines_first`);
-        by default both are taken as built and the engines release their memory on `run`."""
+        by default both are taken as built and the engines release their memory on `run`.
+        `observe_phase`: entered with each timed phase of a step (`Timer`)."""
         self.config = config
+        self.observe_phase = observe_phase
         self.trainers = trainers
         self.engines = engines
         self.tokenizer = tokenizer
@@ -213,7 +224,7 @@ class GRPOLoop:
         return self.saved
 
     def step(self, rollout_id: int) -> dict[str, float]:
-        timer = Timer()
+        timer = Timer(self.observe_phase)
         with timer("step"):
             generations, rewards, sampling = self.collect(rollout_id, timer)
             metrics = rollout_metrics(

@@ -276,6 +276,7 @@ def test_the_trl_vllm_worker_syncs_once_per_step_through_trls_own_vllm_glue(
     memory = peak_memory.PeakMemory("cpu", 0)
     trl_system.run_trl(spec, "trl-vllm", 2, commands, memory)
     memory.stop()
+    assert set(memory.peak_by_phase) == {"rollout", "sync_weights", "rest"}
 
     engine = StandInLLM.made
     assert engine.kwargs["distributed_executor_backend"] == "external_launcher"
@@ -575,7 +576,11 @@ def test_side_by_side_the_json_holds_every_system_once_they_all_stepped(
     bench.main([*argv, "--json", str(out)])
     document = json.loads(out.read_text())
     assert not document["one_at_a_time"] and document["pending"] == []
-    assert len(document["results"]["ours"]["times"]) == 1
+    ours = document["results"]["ours"]
+    assert len(ours["times"]) == 1
+    by_phase = ours["peak_by_phase"]  # the loop's timed phases; its step is what is watched
+    assert {"rollout", "logprobs", "train", "rest"} <= set(by_phase) and "step" not in by_phase
+    assert max(by_phase.values()) == ours["peak"]
 
 
 @pytest.mark.parametrize(
@@ -627,6 +632,35 @@ def test_peak_memory_samples_only_while_a_step_is_watched(bench):
         memory.stop()
 
 
+def test_peak_memory_counts_each_named_phase_apart(bench):
+    """A phase's peak is its own (the innermost phase counts), and what a step holds outside
+    every named phase is the rest."""
+    memory = peak_memory.PeakMemory("cpu", 0)
+    try:
+        memory.watch()
+        with memory.phase("rollout"):
+            pass  # shorter than the interval: its entry and exit samples
+        with memory.phase("train"):
+            with memory.phase("logprobs"):
+                pass
+            grown = bytearray(300 * 2**20)
+            deadline = time.monotonic() + 30
+            while memory.peak_by_phase["train"] < memory.peak_by_phase["rollout"] + 250 * 2**20:
+                assert time.monotonic() < deadline, len(grown)
+                time.sleep(0.05)
+            del grown
+        memory.pause()
+    finally:
+        memory.stop()
+    by_phase = memory.peak_by_phase
+    assert set(by_phase) == {"rollout", "train", "logprobs", "rest"}
+    assert by_phase["train"] == memory.peak
+    assert by_phase["logprobs"] < by_phase["train"] - 250 * 2**20
+    assert by_phase["rest"] < by_phase["train"] - 250 * 2**20  # sampled once the bytes were freed
+    memory.reset()
+    assert memory.peak_by_phase == {}
+
+
 def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsys):
     def result(seconds, versions, reserved=None):
         step = bench.StepTime(
@@ -643,6 +677,8 @@ def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsy
         "trl": result(8.0, {"trl": "1.16.0"}, reserved=3 * 2**29),
         "trl-vllm": result(3.0, {"trl": "1.16.0", "vllm": "0.26.0"}),
     }
+    results["ours"]["peak_by_phase"] = {"rollout": 2**29, "train": 2**30, "rest": 2**28}
+    results["trl"]["peak_by_phase"] = {"rest": 2**30}  # no phase named: no line
     assert bench.ratios(results) == {"trl": 4.0, "trl-vllm": 1.5}
     bench.report(tiny_spec(bench, tmp_path), results, 4.8, machine="CPU, 2 cores")
     out = capsys.readouterr().out
@@ -652,6 +688,11 @@ def test_the_report_compares_ours_with_every_other_system(bench, tmp_path, capsy
     assert "trl-vllm: vLLM's sleep mode on" in out
     assert "systems: side by side, timed steps in turn" in out
     assert "its child processes (GiB): ours 0.25 / 0.75, trl 0.25 / 0.75" in out
+    assert (
+        "ours peak by phase, as the peak column, highest first (GiB): "
+        "train 1.00, rollout 0.50, rest 0.25\n"
+    ) in out
+    assert "trl peak by phase" not in out
     rows = {line.split()[0]: line.split()[-2:] for line in out.splitlines() if " n/a" in line}
     assert rows == {"ours": ["n/a", "n/a"], "trl": ["n/a", "1.50"], "trl-vllm": ["n/a", "n/a"]}
 

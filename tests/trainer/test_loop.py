@@ -7,7 +7,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -307,6 +308,30 @@ def test_loop_runs_logs_and_takes_turns_on_the_devices(tiny_dirs, tmp_path, caps
         *release, *weights, *resume, "engine.generate", *back,
         *release, *weights, "engine.load_adapter v4", *resume, "engine.generate", *back,
     ]  # fmt: skip
+
+
+def test_each_timed_phase_of_a_step_is_entered_in_the_loops_observer(tiny_dirs, tmp_path):
+    """What a benchmark's memory sampler sees: every phase the step's metrics time, entered
+    and left as it runs, inner phases within the step."""
+    model, data = tiny_dirs
+    argv = recipe_argv(model, data, tmp_path, "--num-rollout", "1", "--colocate")
+    loop, _ = make_loop(argv)
+    events: list[tuple[str, str]] = []
+
+    @contextmanager
+    def observe(name: str) -> Iterator[None]:
+        events.append(("enter", name))
+        yield
+        events.append(("leave", name))
+
+    loop.observe_phase = observe
+    loop.run()
+    entered = [name for event, name in events if event == "enter"]
+    assert events[0] == ("enter", "step") and events[-1] == ("leave", "step")
+    assert {"rollout", "reward", "logprobs", "train", "export_adapter"} <= set(entered)
+    assert sorted(entered) == sorted(name for event, name in events if event == "leave")
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert {f"time/{name}" for name in entered} == {k for k in records[0] if k.startswith("time/")}
 
 
 def test_colocated_with_memory_kept_the_loop_makes_no_swaps(tiny_dirs, tmp_path):
