@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ from trainer.grpo.logprob_chunks import DEFAULT_CHUNK_ROWS
 from trainer.grpo.logprobs import token_logprobs
 from trainer.grpo.loss import entropy_from_logits
 
-VARIANTS = ("before", "after")
+VARIANTS = ("before", "after", "compiled")
 MIB = 2**20
 
 
@@ -46,7 +47,7 @@ def naive(hidden, head, targets, temperature):
     return logprobs, entropy
 
 
-def chunked(hidden, head, targets, temperature, chunk_rows):
+def chunked(hidden, head, targets, temperature, chunk_rows, compiled=False):
     return token_logprobs(
         hidden,
         targets,
@@ -54,6 +55,7 @@ def chunked(hidden, head, targets, temperature, chunk_rows):
         temperature=temperature,
         with_entropy=True,
         chunk_rows=chunk_rows,
+        compiled=compiled,
     )
 
 
@@ -63,7 +65,8 @@ def rss_bytes() -> int:
 
 
 def measure(variant: str, options: argparse.Namespace) -> tuple[float, float]:
-    """(peak bytes above the inputs, seconds) of one forward + backward."""
+    """(peak bytes above the inputs, median seconds) of a forward + backward, over
+    `options.repeats` after `options.warmup` (a compiled variant compiles in its first)."""
     device = torch.device(options.device)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[options.dtype]
     generator = torch.Generator().manual_seed(0)
@@ -72,24 +75,31 @@ def measure(variant: str, options: argparse.Namespace) -> tuple[float, float]:
     hidden = torch.randn(options.tokens, options.hidden, generator=generator).to(device, dtype)
     hidden.requires_grad_()
     targets = torch.randint(0, options.vocab, (options.tokens,), generator=generator).to(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = rss_bytes()
-    started = time.perf_counter()
-    if variant == "before":
-        logprobs, entropy = naive(hidden, head, targets, 1.0)
-    else:
-        logprobs, entropy = chunked(hidden, head, targets, 1.0, options.chunk_rows)
-    (logprobs.sum() + 0.0 * entropy.sum()).backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    cuda = device.type == "cuda"
+    base = rss_bytes()
+    times = []
+    for _ in range(options.warmup + options.repeats):
+        hidden.grad = None
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        started = time.perf_counter()
+        if variant == "before":
+            logprobs, entropy = naive(hidden, head, targets, 1.0)
+        else:
+            compiled = variant == "compiled"
+            logprobs, entropy = chunked(hidden, head, targets, 1.0, options.chunk_rows, compiled)
+        (logprobs.sum() + 0.0 * entropy.sum()).backward()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+        del logprobs, entropy
+    if cuda:
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    return float(peak), time.perf_counter() - started
+    return float(peak), statistics.median(times[options.warmup :])
 
 
 def _child(variant: str, options: argparse.Namespace, queue) -> None:
@@ -115,9 +125,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--dtype", choices=("bf16", "fp32"), help="bf16 on CUDA, fp32 on CPU")
     parser.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs of each variant")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs (median)")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma-separated of {', '.join(VARIANTS)}"
+    )
     options = parser.parse_args(argv)
     if options.device.startswith("cuda") and not torch.cuda.is_available():
         parser.exit(2, f"{parser.prog}: error: --device {options.device}: no CUDA device\n")
+    options.variants = options.variants.split(",")
+    if not set(options.variants) <= set(VARIANTS) or not options.variants:
+        parser.error(f"--variants: comma-separated of {', '.join(VARIANTS)}")
+    if options.warmup < 0 or options.repeats < 1:
+        parser.error("--warmup must be >= 0 and --repeats >= 1")
     cpu = options.device == "cpu"
     if options.tokens is None:
         options.tokens = 1024 if cpu else 8192
@@ -133,11 +153,14 @@ def main(argv: list[str] | None = None) -> None:
         f"{options.tokens} tokens, vocab {options.vocab}, hidden {options.hidden}, "
         f"{options.dtype}, {options.device} (torch {torch.__version__}); peak above inputs"
     )
-    results = {variant: run(variant, options) for variant in VARIANTS}
+    results = {variant: run(variant, options) for variant in options.variants}
     for variant, (peak, seconds) in results.items():
-        print(f"{variant:<7} peak {peak / MIB:10.1f} MiB   forward+backward {seconds:7.3f} s")
-    before, after = results["before"][0], results["after"][0]
-    print(f"peak ratio before/after: {before / max(after, 1.0):.1f}x")
+        print(f"{variant:<8} peak {peak / MIB:10.1f} MiB   forward+backward {seconds:7.4f} s")
+    if "before" in results and "after" in results:
+        before, after = results["before"][0], results["after"][0]
+        print(f"peak ratio before/after: {before / max(after, 1.0):.1f}x")
+    if "after" in results and "compiled" in results:
+        print(f"time after/compiled: {results['after'][1] / results['compiled'][1]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def trainer_options(compile_layers: bool) -> dict[str, dict[str, bool]]:
     """The trainers to run, by name, with their `PeftPolicyTrainer` options."""
     if not compile_layers:
         return TRAINERS
-    return {**TRAINERS, "merged-compiled": {"merged": True, "compile_layers": True}}
+    compiled = {"merged": True, "compile_layers": True, "compile_logprobs": True}
+    return {**TRAINERS, "merged-compiled": compiled}
 
 
 def micro_batches(spec: Spec, count: int, vocab: int) -> list[Any]:

@@ -46,9 +46,11 @@ class TorchConfig:
     torch_compile_layers: bool = flag(
         False,
         help="torch backend: compile each decoder layer with torch.compile (one graph serves "
-        "every layer; with --gradient-checkpointing the checkpoint is compiled with it): fewer, "
-        "fused kernels for a training step whose GPU waits on the host launching them; the first "
-        "steps compile (each kind of pass for its first length, then dynamic in the length)",
+        "every layer; with --gradient-checkpointing the checkpoint is compiled with it), and "
+        "each chunk of the log-probabilities (its passes over the [tokens, vocab] logits fused): "
+        "fewer, fused kernels for a training step whose GPU waits on the host launching them; "
+        "the first steps compile (each kind of pass for its first length, then dynamic in the "
+        "length)",
     )
     keep_merged_weights: bool = flag(
         True,

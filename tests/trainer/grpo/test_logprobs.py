@@ -101,3 +101,40 @@ def test_no_rows_and_bad_shapes():
     assert lp.shape == ent.shape == (0,)
     with pytest.raises(ValueError, match="expected"):
         token_logprobs(torch.zeros(2, 3, VOCAB), torch.zeros(2, 3, dtype=torch.long))
+
+
+@pytest.mark.slow  # inductor's C++ compile: half a minute on the CPU
+def test_compiled_chunks_compute_as_the_eager_ones():
+    """`compiled`: the same log-probabilities, entropies and gradients (of the hidden states and
+    of a trainable output layer) as the eager chunks, to float32's rounding, with a last chunk
+    shorter than the others, in training (entropy with and without its gradient) and in a
+    log-probability pass without the entropy."""
+    generator = torch.Generator().manual_seed(4)
+    hidden = torch.randn(ROWS, HIDDEN, generator=generator)
+    targets = torch.randint(0, VOCAB, (ROWS,), generator=generator)
+    weights = torch.randn(ROWS, generator=generator)
+    head = torch.randn(VOCAB, HIDDEN, generator=generator)
+    for entropy_grad in (True, False):
+        results = []
+        for compiled in (False, True):
+            inputs, weight = hidden.clone().requires_grad_(), head.clone().requires_grad_()
+            lp, ent = token_logprobs(
+                inputs,
+                targets,
+                weight=weight,
+                temperature=0.7,
+                with_entropy=True,
+                entropy_grad=entropy_grad,
+                chunk_rows=8,
+                compiled=compiled,
+            )
+            loss = (lp * weights).sum() + (ent * weights.flip(0)).sum() * entropy_grad
+            loss.backward()
+            results.append((lp, ent, inputs.grad, weight.grad))
+        for got, expected in zip(results[1], results[0], strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():
+        eager, _ = token_logprobs(hidden, targets, weight=head, chunk_rows=8)
+        compiled, none = token_logprobs(hidden, targets, weight=head, chunk_rows=8, compiled=True)
+    assert none is None
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-5)
