@@ -134,7 +134,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if options.device.startswith("cuda") and not torch.cuda.is_available():
         parser.exit(2, f"{parser.prog}: error: --device {options.device}: no CUDA device\n")
     options.variants = options.variants.split(",")
-    if not set(options.variants) <= set(VARIANTS) or not options.variants:
+    if not set(options.variants) <= set(VARIANTS):
         parser.error(f"--variants: comma-separated of {', '.join(VARIANTS)}")
     if options.warmup < 0 or options.repeats < 1:
         parser.error("--warmup must be >= 0 and --repeats >= 1")

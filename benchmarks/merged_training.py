@@ -48,8 +48,7 @@ def trainer_options(compile_layers: bool) -> dict[str, dict[str, bool]]:
     """The trainers to run, by name, with their `PeftPolicyTrainer` options."""
     if not compile_layers:
         return TRAINERS
-    compiled = {"merged": True, "compile_layers": True, "compile_logprobs": True}
-    return {**TRAINERS, "merged-compiled": compiled}
+    return {**TRAINERS, "merged-compiled": {"merged": True, "compile_layers": True}}
 
 
 def micro_batches(spec: Spec, count: int, vocab: int) -> list[Any]:

@@ -145,7 +145,6 @@ def main(argv: list[str] | None = None) -> None:
                 checkpointed_layers=count,
                 merged=True,
                 compile_layers=options.compile_layers,
-                compile_logprobs=options.compile_layers,  # as train.py, under one flag
             )
             if batches is None:
                 vocab = trainer.model.get_base_model().config.vocab_size

@@ -37,12 +37,8 @@ def test_counts_below_one_are_usage_errors(capsys):
     assert "--steps, --micro-batches and --micro-batch must be >= 1" in capsys.readouterr().err
 
 
-def test_compile_layers_adds_the_merged_trainer_compiled_as_train_py_compiles_it():
+def test_compile_layers_adds_the_merged_trainer_with_its_layers_compiled():
     assert list(merged_training.trainer_options(False)) == ["adapter", "merged", "merged-per-pass"]
     compiled = merged_training.trainer_options(True)
     assert list(compiled)[:3] == ["adapter", "merged", "merged-per-pass"]
-    assert compiled["merged-compiled"] == {
-        "merged": True,
-        "compile_layers": True,
-        "compile_logprobs": True,
-    }
+    assert compiled["merged-compiled"] == {"merged": True, "compile_layers": True}

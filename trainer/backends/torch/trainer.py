@@ -210,7 +210,6 @@ class PeftPolicyTrainer:
         merged: bool = False,
         keep_merged_weights: bool = True,
         compile_layers: bool = False,
-        compile_logprobs: bool = False,
         seed: int = 0,
     ) -> None:
         """`total_steps`: optimizer steps of the run (the LR schedule's length).
@@ -227,9 +226,9 @@ class PeftPolicyTrainer:
         `keep_merged_weights`: merged, each layer merges once per optimizer step and keeps that
         copy for the step's passes (`MergedPolicy.weights_kept`), else it merges again in every
         pass.
-        `compile_layers`: each decoder layer compiled (`_compile_decoder_layers`);
-        `compile_logprobs`: each chunk of the log-probabilities (`trainer.grpo.logprobs`'s
-        ``compiled``)."""
+        `compile_layers` (``--torch-compile-layers``): each decoder layer compiled
+        (`_compile_decoder_layers`), and each chunk of the log-probabilities
+        (`trainer.grpo.logprobs`'s ``compiled``)."""
         import torch
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
@@ -256,7 +255,7 @@ class PeftPolicyTrainer:
             _enable_activation_checkpointing(base, checkpointed_layers)
         if compile_layers:
             _compile_decoder_layers(base)
-        self.compile_logprobs = compile_logprobs
+        self.compile_layers = compile_layers
         self.plain_head = _plain_head(base)
         self.causal_masks = _causal_masks(base.config)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -329,7 +328,7 @@ class PeftPolicyTrainer:
             with_entropy=with_entropy,
             chunk_rows=self.logprob_chunk_rows,
             entropy_grad=self.entropy_grad and torch.is_grad_enabled(),
-            compiled=self.compile_logprobs,
+            compiled=self.compile_layers,
         )
         shape = batch.loss_mask.shape
         return ForwardOutput(
@@ -539,6 +538,5 @@ def create(config: TrainConfig, device: str, *, total_steps: int) -> PeftPolicyT
         merged=config.lora.merged,
         keep_merged_weights=config.torch.keep_merged_weights,
         compile_layers=config.torch.torch_compile_layers,
-        compile_logprobs=config.torch.torch_compile_layers,
         seed=config.misc.seed,
     )

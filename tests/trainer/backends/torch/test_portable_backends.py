@@ -601,17 +601,3 @@ def test_bf16_training_computes_the_adapter_in_bf16_as_the_engine_serves_it(mode
     scored = torch.tensor(bf16_engine.score(batch.input_ids[0].tolist())[0])
     response = batch.loss_mask[0] > 0
     torch.testing.assert_close(scored[response], trained[0][response], rtol=0, atol=1e-5)
-
-
-def test_torch_compile_layers_compiles_the_log_probability_chunks_too(model_dir) -> None:
-    """``--torch-compile-layers`` reaches the log-probabilities as well as the layers; without
-    it both stay eager."""
-    from trainer.arguments import parse_args
-    from trainer.backends import registry
-
-    argv = ["--hf-checkpoint", model_dir, "--prompt-data", "p.jsonl", "--seed", "0"]
-    eager = registry.create_trainer(parse_args(argv), "cpu", total_steps=1)
-    compiled = registry.create_trainer(
-        parse_args([*argv, "--torch-compile-layers"]), "cpu", total_steps=1
-    )
-    assert (eager.compile_logprobs, compiled.compile_logprobs) == (False, True)
