@@ -245,7 +245,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Spec]:
         choices=tuple(OURS_MEMORY),
         default="release",
         help="ours' colocated GPU memory: swapped around training (release, as the recipes), "
-        "the engine's KV cache and CUDA graphs only (release-kv), engine and trainer both "
+        "the engine's KV cache and CUDA graphs only, the engine merging from the trainer's base "
+        "(release-kv), engine and trainer both "
         "resident (keep), or train.py's estimate decides (auto)",
     )
     parser.add_argument(

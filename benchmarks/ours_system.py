@@ -31,8 +31,8 @@ SGLANG_FRACTION = 0.15
 SGLANG_FRACTION_MAX = 0.85  # beyond it SGLang runs the samples in turns: the rest is the trainer's
 # ours' colocated memory (`--ours-memory`): swapped around training with the base backed up on
 # the host, as the recipes run it; only the engine's KV cache and CUDA graphs given back during
-# training (its weights stay, nothing is copied); both sides resident all along; or train.py's
-# estimate picks
+# training (its weights and the trainer's base stay, which the engine merges from; nothing is
+# copied); both sides resident all along; or train.py's estimate picks
 OURS_MEMORY = {
     "release": ["--lora-base-cpu-backup"],
     "release-kv": ["--colocate-memory", "release"],

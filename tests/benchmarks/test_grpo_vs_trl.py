@@ -813,7 +813,8 @@ def test_ours_config_takes_the_sized_fraction_unless_the_ours_flags_set_one(
 
 def test_ours_merged_with_memory_kept_is_a_config_whose_trainer_lends_its_base(bench, tmp_path):
     """`Ours` lends the trainer's base as train.py's placement does where `lends_base` holds:
-    for the benchmark's argv merged and kept, not swapped."""
+    for the benchmark's argv merged and kept, or released without the base's host backup
+    (`release-kv`), not swapped with it."""
     from trainer.arguments import parse_args
     from trainer.backends import shared_base
 
@@ -824,7 +825,7 @@ def test_ours_merged_with_memory_kept_is_a_config_whose_trainer_lends_its_base(b
         )  # fmt: skip
         return shared_base.lends_base(parse_args(ours_system.ours_argv(spec, steps=1)), "cuda:0")
 
-    assert lends("keep")
+    assert lends("keep") and lends("release-kv")
     assert not lends("release")
 
 

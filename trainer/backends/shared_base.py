@@ -4,14 +4,17 @@ Serving merged weights (``--lora-serving merged``), an engine merges each update
 weights of the adapted layers (`lora_merge.LoraMerger`). Read from the checkpoint, those are a
 second copy of what the PEFT trainer holds as its frozen base, in the same dtype, with the same
 values: 6.8 GiB at the Qwen3-4B shape with LoRA on every linear layer. Where the trainer and the
-engine share their one GPU and both stay resident (``--colocate --colocate-memory keep``), the
-trainer lends its tensors instead and the engine merges from them: in one process as they are,
-across Ray actors as CUDA IPC handles (torch's pickling of CUDA tensors, the way SGLang's
-scheduler takes the merged weights), so the engine maps the trainer's memory and copies nothing.
+engine share their one GPU and the base stays on it on both sides, the trainer lends its tensors
+instead and the engine merges from them: in one process as they are, across Ray actors as CUDA
+IPC handles (torch's pickling of CUDA tensors, the way SGLang's scheduler takes the merged
+weights), so the engine maps the trainer's memory and copies nothing.
 
-Where memory is swapped (``release``) the trainer may move its base to the host during rollouts
-(``--lora-base-cpu-backup``), so the engine keeps a copy of its own there, as it does across
-several GPUs (one lender, one borrower on one GPU is what is built).
+The base stays where both stay resident (``--colocate-memory keep``), and where SGLang takes
+turns with the trainer without ``--lora-base-cpu-backup``: it then gives back its KV cache and
+CUDA graphs only, and the trainer keeps its base. With the backup the trainer's base goes to the
+host during rollouts, and the transformers engine moves its model and merge base to the host on
+every release, so those keep a copy of their own, as an engine does across several GPUs (one
+lender, one borrower on one GPU is what is built).
 """
 
 from __future__ import annotations
@@ -46,9 +49,14 @@ def lendable(config: TrainConfig, device: str) -> bool:
 
 
 def lends_base(config: TrainConfig, device: str) -> bool:
-    """Whether this job's engine merges from the trainer's base: `lendable`, memory kept
-    (``auto`` decided)."""
-    return lendable(config, device) and not config.placement.swaps_memory
+    """Whether this job's engine merges from the trainer's base: `lendable`, and the base on
+    the GPU on both sides all along (the module's doc; ``auto`` decided)."""
+    if not lendable(config, device):
+        return False
+    placement = config.placement
+    if not placement.swaps_memory:
+        return True
+    return placement.rollout_backend == "sglang" and not config.lora.lora_base_cpu_backup
 
 
 def pack(weights: Mapping[str, torch.Tensor]) -> bytes:

@@ -190,9 +190,9 @@ def trainer_estimate(config: TrainConfig, shape: ModelShape) -> memory_estimate.
 
 def released_engine(config: TrainConfig, shape: ModelShape) -> int:
     """What the colocated engine keeps on the GPU while it is released for training: SGLang its
-    weights and, serving merged weights, the base its merges read (no base is lent where memory
-    is released, `shared_base.lends_base`), unless ``--lora-base-cpu-backup`` sends them to the
-    host with its KV cache; the transformers engine nothing (its model goes to the host)."""
+    weights and, serving merged weights, the base its merges read unless the trainer lends it
+    its own (`shared_base.lendable`), unless ``--lora-base-cpu-backup`` sends them to the host
+    with its KV cache; the transformers engine nothing (its model goes to the host)."""
     placement = config.placement
     if (
         not placement.colocate
@@ -204,7 +204,9 @@ def released_engine(config: TrainConfig, shape: ModelShape) -> int:
     merged = config.lora.merged
     slots = 0 if merged else sglang_args.LORA_SLOTS
     weights = memory_estimate.EngineSize(shape, dtype_bytes, adapter_slots=slots).resident
-    return weights + (shape.adapted_parameters * dtype_bytes if merged else 0)
+    # released without the backup, SGLang keeps its weights and the trainer its base: lent
+    own_base = merged and not shared_base.lendable(config, "cuda")
+    return weights + (shape.adapted_parameters * dtype_bytes if own_base else 0)
 
 
 def estimate(config: TrainConfig, shape: ModelShape, *, device: DeviceMemory) -> MemoryPlan:

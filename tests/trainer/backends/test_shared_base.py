@@ -20,14 +20,20 @@ MERGED_KEPT = (
     ("extra", "device", "lends"),
     [
         ((), "cuda", True),
-        (("--colocate-memory", "release"), "cuda", False),  # the base may go to the host
+        # released, SGLang gives back its KV cache and graphs only: both bases stay
+        (("--colocate-memory", "release"), "cuda", True),
+        # the trainer's base goes to the host during rollouts
+        (("--colocate-memory", "release", "--lora-base-cpu-backup"), "cuda", False),
+        # the transformers engine moves its model and merge base to the host when released
+        (("--colocate-memory", "release", "--rollout-backend", "hf"), "cuda", False),
+        (("--rollout-backend", "hf"), "cuda", True),
         ((), "cpu", False),
         (("--lora-serving", "adapter"), "cuda", False),  # nothing merged
         (("--actor-num-gpus-per-node", "2"), "cuda", False),  # one GPU only
         (("--rollout-num-gpus-per-engine", "2", "--actor-num-gpus-per-node", "2"), "cuda", False),
     ],
 )
-def test_the_trainer_lends_its_base_only_to_one_engine_on_its_one_gpu_with_memory_kept(
+def test_the_trainer_lends_its_base_only_to_one_engine_on_its_one_gpu_where_it_stays_there(
     extra, device, lends
 ):
     config = parse_args([*MERGED_KEPT, *extra])

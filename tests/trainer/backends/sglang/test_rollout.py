@@ -22,7 +22,7 @@ from trainer.arguments import parse_args
 from trainer.backends import registry
 from trainer.backends.base import LoraAdapter, SamplingParams
 from trainer.backends.flat_tensors import FlatTensors
-from trainer.backends.lora_merge import lora_layers
+from trainer.backends.lora_merge import LoraMerger, lora_layers
 from trainer.backends.sglang import args as sglang_args
 from trainer.backends.sglang.rollout import (
     SGLangRolloutEngine,
@@ -382,6 +382,43 @@ def test_merged_the_engine_merges_into_the_base_it_borrows() -> None:
     serving_the_adapter = SGLangRolloutEngine(WeightsEngine(), {})
     with pytest.raises(ValueError, match="borrows no base"):
         serving_the_adapter.borrow_base(lent)
+
+
+def test_released_without_the_weights_backup_every_merge_reads_the_lent_base_itself() -> None:
+    """``release`` without ``--lora-base-cpu-backup`` (`shared_base.lends_base`): SGLang gives
+    back its KV cache and CUDA graphs only, and each update merges from the trainer's tensor
+    itself: never read from a checkpoint, never copied to the host, never dropped."""
+    name = "model.layers.0.self_attn.q_proj.weight"
+    lent = {name: torch.arange(16.0).reshape(4, 4)}
+
+    def no_checkpoint(names: list[str]) -> dict[str, torch.Tensor]:
+        raise AssertionError(f"read {names} from the checkpoint")
+
+    merger = LoraMerger(no_checkpoint, "cpu", torch.float32)
+    served: list[torch.Tensor] = []
+
+    def pack(tensors: Any) -> list[bytes]:
+        served.append(tensors[name].clone())
+        return [b"merged"]
+
+    sglang = WeightsEngine()
+    engine = SGLangRolloutEngine(sglang, {}, pack=pack, merger=merger)
+    engine.release_memory()  # as the colocation starts: the trainer's turn
+    engine.borrow_base(lent)
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    for version in (1, 2):
+        a, b = torch.full((2, 4), float(version)), torch.full((4, 2), 0.5)
+        adapter = LoraAdapter(
+            {f"{prefix}.lora_A.weight": a, f"{prefix}.lora_B.weight": b}, CONFIG, version
+        )
+        engine.resume_weights()
+        engine.load_adapter(adapter)
+        engine.resume_memory()
+        engine.release_memory()
+        assert merger.base[name] is lent[name] and merger.host == {}
+        torch.testing.assert_close(served[-1], lent[name] + 2.0 * b @ a)  # alpha 4 / r 2
+    released = [call for call in sglang.calls if call[0] == "release"]
+    assert released == [("release", ("kv_cache", "cuda_graph"))] * 3
 
 
 def test_a_failed_weight_update_raises_with_sglangs_reason() -> None:
