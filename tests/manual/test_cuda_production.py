@@ -34,8 +34,9 @@ run splits the same way, after its first rollout's checkpoint:
         --gpu-run-dir ~/gpu-runs --gpu-run-phase resume
 
 (``-k kept``: the merged job with both resident, its engine merging into the trainer's base;
-on a fresh node, where FlashInfer compiles, it too takes longer than 500 s in one command, so it
-splits the same way.)
+``-k swapped``: the same base lent with only SGLang's KV cache and graphs swapped. On a fresh
+node, where FlashInfer compiles, each takes longer than 500 s in one command, so it splits the
+same way.)
 
 Output streams as the run goes (`tests/manual/live_run.py`); each run has a time budget and a
 failure says what it was waiting for. `test_data_parallel_on_two_gpus` runs the job with two
@@ -242,6 +243,15 @@ def _resumed_run(
     return second
 
 
+# ``--colocate-memory`` and the base's host backup: the recipe's (as recorded: released, the
+# base backed up), both resident, or only the engine's KV cache and CUDA graphs released
+MEMORY = {
+    "recipe": [],
+    "kept": ["--colocate-memory", "keep", "--lora-base-cpu-backup", "false"],
+    "kv-swapped": ["--colocate-memory", "release", "--lora-base-cpu-backup", "false"],
+}
+
+
 def _run_job(
     place: RunPlace,
     hardware: str,
@@ -251,14 +261,14 @@ def _run_job(
     backends: str,
     rollouts: int,
     serving: str = "adapter",
-    memory_kept: bool = False,
+    memory: str = "recipe",
 ) -> tuple[list[dict], dict]:
     """The launcher's live train on `gpus` GPUs, interrupted after its first checkpoint and
     resumed; returns the metrics and a report (nothing after ``--gpu-run-phase first``).
     `serving`: ``--lora-serving``; merged, the trainer's policy is the bf16-merged one, which
     PEFT applying the saved adapter unmerged matches only up to that rounding (docs/lora.md):
-    reported, not asserted. `memory_kept`: ``--colocate-memory keep`` in place of the recipe's
-    swaps (and its ``--lora-base-cpu-backup``)."""
+    reported, not asserted. `memory`: a key of `MEMORY`, the recipe's swaps or, without its
+    ``--lora-base-cpu-backup``, both resident or the engine's KV cache alone swapped."""
     from trainer import tiny
 
     folder = place.folder
@@ -275,9 +285,9 @@ def _run_job(
         # 36 batch sizes, 97 s, at each of the two starts).
         "--sglang-disable-prefill-cuda-graph", *DECODE_GRAPHS, *_micro_batches(train_backend, gpus),
     ]  # fmt: skip
-    if memory_kept:
-        extra += ["--colocate-memory", "keep", "--lora-base-cpu-backup", "false"]
-    run_id = f"{train_backend}-{backends}-{gpus}gpu-{serving}" + ("-kept" if memory_kept else "")
+    extra += MEMORY[memory]
+    run_id = f"{train_backend}-{backends}-{gpus}gpu-{serving}"
+    run_id += "" if memory == "recipe" else f"-{memory}"
     flags = [
         "--num-rollout", str(rollouts), "--save-interval", str(SAVE_INTERVAL),
         "--rollout-max-response-len", "64", "--lr", "1e-4",
@@ -292,7 +302,7 @@ def _run_job(
         return [], {}
     second = _resumed_run(place, command, run_id, killed_at, rollouts=rollouts)
     assert f"{gpus} training rank(s), {gpus} sglang engine(s), colocated" in second.output
-    if memory_kept and serving == "merged" and train_backend == "torch" and gpus == 1:
+    if memory != "recipe" and serving == "merged" and train_backend == "torch" and gpus == 1:
         assert shared_base.LENT in second.output
 
     records = read_metrics(run_dir / METRICS_FILE)
@@ -370,7 +380,21 @@ def test_production_job_serving_merged_weights_with_memory_kept(place: RunPlace)
     hardware = _skip_without_production_stack(1, "torch")
     _run_job(
         place, hardware, gpus=1, train_backend="torch", backends="cuda-recipe",
-        rollouts=ROLLOUTS, serving="merged", memory_kept=True,
+        rollouts=ROLLOUTS, serving="merged", memory="kept",
+    )  # fmt: skip
+
+
+@pytest.mark.cuda_gpu
+@pytest.mark.timeout(3000)
+def test_production_job_with_the_lent_base_and_the_kv_cache_swapped(place: RunPlace) -> None:
+    """The merged job swapped without the base's host backup (``--colocate-memory release
+    --lora-base-cpu-backup false``): SGLang gives back its KV cache and CUDA graphs alone for
+    training, under its memory saver, and merges into the trainer's base, which stays on the
+    GPU, as where both are kept."""
+    hardware = _skip_without_production_stack(1, "torch")
+    _run_job(
+        place, hardware, gpus=1, train_backend="torch", backends="cuda-recipe",
+        rollouts=ROLLOUTS, serving="merged", memory="kv-swapped",
     )  # fmt: skip
 
 
