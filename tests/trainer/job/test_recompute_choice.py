@@ -76,8 +76,7 @@ def test_the_fewest_recomputed_layers_whose_trainer_fits_are_chosen(model, devic
 def test_a_released_sglang_without_its_host_backup_keeps_its_weights_beside_the_trainer(model):
     """Without --lora-base-cpu-backup SGLang releases its KV cache and graphs only: its weights
     stay, and the trainer has that much less. Its merges read the trainer's base, which stays
-    on the GPU too (`shared_base.lends_base`); an engine serving the adapter keeps its adapter
-    slots instead."""
+    on the GPU too (`shared_base.lends_base`): no copy of its own."""
     backed_up = config_of(model, *SEED_8K, "--lora-base-cpu-backup")
     resident = config_of(model, *SEED_8K)
     assert colocate_memory.released_engine(backed_up, QWEN3_4B) == 0
