@@ -227,6 +227,7 @@ class Ours:
         )
         if shared_base.lends_base(args, device):  # as train.py's placement does
             colocation.engine.borrow_base(colocation.trainer.trainer.merged_base())
+            print(f"ours: {shared_base.LENT}", flush=True)
         self.loop = GRPOLoop(
             args,
             trainers=colocation.trainer,
